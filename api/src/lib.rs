@@ -1,0 +1,12 @@
+//! The `TopKMetric` manifest (what users write), its validation, and the JSON records the
+//! query API serves.
+
+pub mod duration;
+pub mod error;
+pub mod manifest;
+pub mod record;
+
+pub use duration::Duration;
+pub use error::ApiError;
+pub use manifest::{TopKMetric, TopKMetricSpec, load_manifest, DEFAULT_MANIFEST};
+pub use record::{RankingIndexEntry, RankingRecord};

@@ -1,0 +1,192 @@
+//! Approximate counting for one window of one shard: a Count-Min Sketch per bucket, a running
+//! window sketch (sum of the closed buckets in the window) and per-scope candidate keys per
+//! bucket. Candidates are re-scored against the window sketch when a summary is made. Memory
+//! depends on the sketch size, the bucket count and the candidate capacity, never on the
+//! number of distinct keys.
+
+use std::collections::VecDeque;
+
+use crate::candidates::CandidateSet;
+use crate::config::WindowConfig;
+use crate::exact::open_bucket;
+use crate::sketch::CountMinSketch;
+use crate::summary::{rank_order, top_k};
+use crate::window::bucket_index;
+
+struct ApproxBucket {
+    idx: i64,
+    sketch: CountMinSketch,
+    /// Indexed by scope id; created when the scope first appears in the bucket.
+    candidates: Vec<Option<CandidateSet>>,
+}
+
+/// A re-scored candidate: (hash, key, window estimate).
+pub(crate) type Scored = (u64, String, u64);
+
+pub(crate) struct ApproxWindow {
+    bucket_ms: i64,
+    span: Option<i64>,
+    width: u32,
+    depth: u32,
+    capacity: usize,
+    open: VecDeque<ApproxBucket>,
+    closed: VecDeque<ApproxBucket>,
+    window: CountMinSketch,
+    /// All-time windows fold buckets away; their candidates survive here, per scope.
+    retained: Vec<Vec<Scored>>,
+    spare: Vec<CountMinSketch>,
+    closed_through: i64,
+}
+
+impl ApproxWindow {
+    pub(crate) fn new(cfg: &WindowConfig, width: u32, depth: u32, capacity: usize) -> Self {
+        Self {
+            bucket_ms: cfg.bucket_ms,
+            span: cfg.buckets(),
+            width,
+            depth,
+            capacity,
+            open: VecDeque::new(),
+            closed: VecDeque::new(),
+            window: CountMinSketch::new(width, depth),
+            retained: Vec::new(),
+            spare: Vec::new(),
+            closed_through: i64::MIN,
+        }
+    }
+
+    pub(crate) fn closed_through(&self) -> i64 {
+        self.closed_through
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.window.total()
+    }
+
+    pub(crate) fn error_bound(&self) -> u64 {
+        self.window.error_bound()
+    }
+
+    #[inline]
+    pub(crate) fn add(&mut self, time_ms: i64, scope: u32, hash: u64, key: &str, cost: u64) -> bool {
+        let idx = bucket_index(time_ms, self.bucket_ms);
+        if idx < self.closed_through {
+            return false;
+        }
+        let (width, depth, spare) = (self.width, self.depth, &mut self.spare);
+        let bucket = open_bucket(
+            &mut self.open,
+            idx,
+            || spare.pop().unwrap_or_else(|| CountMinSketch::new(width, depth)),
+            |b| b.idx,
+            |idx, sketch| ApproxBucket { idx, sketch, candidates: Vec::new() },
+        );
+        let estimate = bucket.sketch.add(hash, cost);
+        let scope = scope as usize;
+        if bucket.candidates.len() <= scope {
+            bucket.candidates.resize_with(scope + 1, || None);
+        }
+        bucket.candidates[scope]
+            .get_or_insert_with(|| CandidateSet::new(self.capacity))
+            .offer(hash, key, estimate);
+        true
+    }
+
+    pub(crate) fn close_through(&mut self, watermark_ms: i64) {
+        let end_idx = watermark_ms.div_euclid(self.bucket_ms);
+        if end_idx <= self.closed_through {
+            return;
+        }
+        self.closed_through = end_idx;
+        while self.open.front().is_some_and(|b| b.idx < end_idx) {
+            let Some(bucket) = self.open.pop_front() else { break };
+            self.window.merge_from(&bucket.sketch);
+            if self.span.is_some() {
+                self.closed.push_back(bucket);
+            } else {
+                self.retain_candidates(&bucket);
+                self.recycle(bucket);
+            }
+        }
+        if let Some(span) = self.span {
+            while self.closed.front().is_some_and(|b| b.idx < end_idx - span) {
+                let Some(bucket) = self.closed.pop_front() else { break };
+                self.window.subtract(&bucket.sketch);
+                self.recycle(bucket);
+            }
+        }
+    }
+
+    fn recycle(&mut self, mut bucket: ApproxBucket) {
+        bucket.sketch.clear();
+        self.spare.push(bucket.sketch);
+    }
+
+    fn retain_candidates(&mut self, bucket: &ApproxBucket) {
+        if self.retained.len() < bucket.candidates.len() {
+            self.retained.resize_with(bucket.candidates.len(), Vec::new);
+        }
+        for (scope, set) in bucket.candidates.iter().enumerate() {
+            let Some(set) = set else { continue };
+            let pool = std::mem::take(&mut self.retained[scope]);
+            let merged = pool
+                .into_iter()
+                .map(|(h, k, _)| (h, k))
+                .chain(set.iter().map(|c| (c.hash, c.key.clone())));
+            self.retained[scope] = self.rescore(merged);
+        }
+    }
+
+    /// Deduplicates, re-scores against the window sketch and keeps the top `capacity`.
+    fn rescore(&self, keys: impl Iterator<Item = (u64, String)>) -> Vec<Scored> {
+        let mut keys: Vec<(u64, String)> = keys.collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let scored: Vec<Scored> = keys
+            .into_iter()
+            .map(|(h, k)| {
+                let est = self.window.estimate(h);
+                (h, k, est)
+            })
+            .filter(|s| s.2 > 0)
+            .collect();
+        top_k(scored, self.capacity, |a, b| rank_order(&a.1, a.2, &b.1, b.2))
+    }
+
+    /// The top candidates of each scope (by scope id) for the closed window.
+    pub(crate) fn top(&self) -> Vec<(u32, Vec<Scored>)> {
+        if self.span.is_none() {
+            return self
+                .retained
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(scope, v)| {
+                    (scope as u32, self.rescore(v.iter().map(|(h, k, _)| (*h, k.clone()))))
+                })
+                .collect();
+        }
+        let scopes = self.closed.iter().map(|b| b.candidates.len()).max().unwrap_or(0);
+        (0..scopes)
+            .filter_map(|scope| {
+                let keys = self.closed.iter().filter_map(|b| b.candidates.get(scope)?.as_ref());
+                let mut union = keys.flat_map(|set| set.iter().map(|c| (c.hash, c.key.clone()))).peekable();
+                union.peek()?;
+                let top = self.rescore(union);
+                (!top.is_empty()).then_some((scope as u32, top))
+            })
+            .collect()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let bucket = |b: &ApproxBucket| {
+            b.sketch.heap_bytes()
+                + b.candidates.iter().flatten().map(CandidateSet::heap_bytes).sum::<usize>()
+        };
+        self.open.iter().map(bucket).sum::<usize>()
+            + self.closed.iter().map(bucket).sum::<usize>()
+            + self.window.heap_bytes()
+            + self.spare.iter().map(CountMinSketch::heap_bytes).sum::<usize>()
+            + self.retained.iter().flatten().map(|s| s.1.capacity() + 40).sum::<usize>()
+    }
+}

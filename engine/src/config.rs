@@ -1,0 +1,134 @@
+//! Validated, unit-free engine configuration (milliseconds and counts).
+//!
+//! The user-facing manifest (durations as strings, YAML) lives in `topk-api`, which turns it
+//! into an [`EngineConfig`]. The checks here are the ones the engine itself relies on.
+
+use crate::error::EngineError;
+
+/// Parameters of the approximate mode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SketchParams {
+    /// Over-count bound relative to the window's total over all shards.
+    pub epsilon: f64,
+    /// Probability that a key exceeds the bound.
+    pub delta: f64,
+    /// Candidate keys each shard keeps per scope and bucket, and publishes per scope.
+    pub candidates: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    Exact,
+    Approximate(SketchParams),
+}
+
+impl Mode {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Exact => "exact",
+            Mode::Approximate(_) => "approximate",
+        }
+    }
+}
+
+/// One ranking window. `length_ms == None` is the all-time window, whose `bucket_ms` is only
+/// its publish cadence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowConfig {
+    pub name: String,
+    pub length_ms: Option<i64>,
+    pub bucket_ms: i64,
+}
+
+impl WindowConfig {
+    pub fn sliding(name: &str, length_ms: i64, bucket_ms: i64) -> Self {
+        Self { name: name.to_owned(), length_ms: Some(length_ms), bucket_ms }
+    }
+
+    pub fn all_time(name: &str, publish_every_ms: i64) -> Self {
+        Self { name: name.to_owned(), length_ms: None, bucket_ms: publish_every_ms }
+    }
+
+    /// Number of buckets a sliding window spans; `None` for all-time.
+    pub fn buckets(&self) -> Option<i64> {
+        self.length_ms.map(|len| len / self.bucket_ms)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    pub metric: String,
+    pub shards: u32,
+    pub k: usize,
+    pub mode: Mode,
+    pub allowed_lateness_ms: i64,
+    /// Events whose time is further than this ahead of the caller's clock are rejected, so that
+    /// one bad timestamp cannot push the watermark past every honest event.
+    pub max_future_skew_ms: i64,
+    pub max_key_bytes: usize,
+    pub windows: Vec<WindowConfig>,
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let fail = |msg: String| Err(EngineError::InvalidConfig(msg));
+        if self.metric.is_empty() {
+            return fail("metric must not be empty".into());
+        }
+        if self.shards == 0 {
+            return fail("shards must be at least 1".into());
+        }
+        if self.k == 0 {
+            return fail("k must be at least 1".into());
+        }
+        if self.allowed_lateness_ms < 0 {
+            return fail("allowedLateness must not be negative".into());
+        }
+        if self.max_future_skew_ms < 0 {
+            return fail("maxFutureSkew must not be negative".into());
+        }
+        if self.max_key_bytes == 0 {
+            return fail("maxKeyBytes must be at least 1".into());
+        }
+        if let Mode::Approximate(p) = self.mode {
+            if !(p.epsilon > 0.0 && p.epsilon < 1.0) {
+                return fail(format!("sketch.epsilon must be in (0, 1), got {}", p.epsilon));
+            }
+            if !(p.delta > 0.0 && p.delta < 1.0) {
+                return fail(format!("sketch.delta must be in (0, 1), got {}", p.delta));
+            }
+            if p.candidates < self.k {
+                return fail(format!(
+                    "sketch.candidates ({}) must be at least k ({})",
+                    p.candidates, self.k
+                ));
+            }
+        }
+        if self.windows.is_empty() {
+            return fail("at least one window is required".into());
+        }
+        for (i, w) in self.windows.iter().enumerate() {
+            if w.name.is_empty() {
+                return fail(format!("windows[{i}].name must not be empty"));
+            }
+            if self.windows[..i].iter().any(|o| o.name == w.name) {
+                return fail(format!("window name {:?} is used twice", w.name));
+            }
+            if w.bucket_ms <= 0 {
+                return fail(format!("window {:?}: bucket must be positive", w.name));
+            }
+            if let Some(len) = w.length_ms {
+                if len <= 0 {
+                    return fail(format!("window {:?}: length must be positive", w.name));
+                }
+                if len % w.bucket_ms != 0 {
+                    return fail(format!(
+                        "window {:?}: bucket ({} ms) must divide length ({} ms)",
+                        w.name, w.bucket_ms, len
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

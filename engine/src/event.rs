@@ -1,0 +1,315 @@
+//! One JSON event per line or Kafka message, parsed without copying where possible.
+//!
+//! `parse_event` only checks what a single event can tell about itself. Whether it is late,
+//! too far in the future or of another metric depends on the pipeline and is decided there;
+//! the reasons share one enum so that every component reports them alike.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// Why an event was not counted. Every variant has a stable label for metrics and output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RejectReason {
+    InvalidJson,
+    MissingMetric,
+    OtherMetric,
+    MissingKey,
+    OversizeKey,
+    InvalidTime,
+    FutureTime,
+    Late,
+    InvalidCost,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 9] = [
+        RejectReason::InvalidJson,
+        RejectReason::MissingMetric,
+        RejectReason::OtherMetric,
+        RejectReason::MissingKey,
+        RejectReason::OversizeKey,
+        RejectReason::InvalidTime,
+        RejectReason::FutureTime,
+        RejectReason::Late,
+        RejectReason::InvalidCost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::InvalidJson => "invalid_json",
+            RejectReason::MissingMetric => "missing_metric",
+            RejectReason::OtherMetric => "other_metric",
+            RejectReason::MissingKey => "missing_key",
+            RejectReason::OversizeKey => "oversize_key",
+            RejectReason::InvalidTime => "invalid_time",
+            RejectReason::FutureTime => "future_time",
+            RejectReason::Late => "late",
+            RejectReason::InvalidCost => "invalid_cost",
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A parsed event. Strings borrow from the input unless it contained escapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event<'a> {
+    pub event_id: Option<Cow<'a, str>>,
+    pub time_ms: i64,
+    pub metric: Cow<'a, str>,
+    pub scope: Cow<'a, str>,
+    pub key: Cow<'a, str>,
+    pub cost: u64,
+}
+
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(borrow, default)]
+    event_id: Option<IdField<'a>>,
+    #[serde(default)]
+    event_time: Option<TimeField>,
+    #[serde(borrow, default)]
+    metric: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    scope: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    key: Option<Cow<'a, str>>,
+    #[serde(default)]
+    cost: Option<CostField>,
+}
+
+/// Parses one event. `max_key_bytes` bounds the key's UTF-8 length.
+pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
+    let raw: RawEvent<'_> = serde_json::from_str(line).map_err(|_| RejectReason::InvalidJson)?;
+    let metric = match raw.metric {
+        Some(m) if !m.is_empty() => m,
+        _ => return Err(RejectReason::MissingMetric),
+    };
+    let key = match raw.key {
+        Some(k) if !k.is_empty() => k,
+        _ => return Err(RejectReason::MissingKey),
+    };
+    if key.len() > max_key_bytes {
+        return Err(RejectReason::OversizeKey);
+    }
+    let time_ms = match raw.event_time {
+        Some(TimeField::Millis(ms)) => ms,
+        Some(TimeField::Invalid) | None => return Err(RejectReason::InvalidTime),
+    };
+    let cost = match raw.cost {
+        None => 1,
+        Some(CostField::Valid(c)) => c,
+        Some(CostField::Invalid) => return Err(RejectReason::InvalidCost),
+    };
+    Ok(Event {
+        event_id: raw.event_id.map(|id| id.0),
+        time_ms,
+        metric,
+        scope: raw.scope.unwrap_or(Cow::Borrowed("")),
+        key,
+        cost,
+    })
+}
+
+/// Parses an RFC 3339 timestamp to Unix milliseconds (sub-millisecond digits are truncated).
+pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
+    let t = OffsetDateTime::parse(text, &Rfc3339).ok()?;
+    i64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
+}
+
+/// Formats Unix milliseconds as RFC 3339 in UTC, e.g. `2026-09-01T19:00:00Z`.
+pub fn format_rfc3339_ms(ms: i64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    match OffsetDateTime::from_unix_timestamp_nanos(nanos) {
+        Ok(t) => t.format(&Rfc3339).unwrap_or_else(|_| ms.to_string()),
+        Err(_) => ms.to_string(),
+    }
+}
+
+/// `event_time`: epoch milliseconds (integer) or an RFC 3339 string. A malformed value is
+/// kept as `Invalid` rather than failing the whole parse, so the event is rejected for its
+/// time and not as unparseable JSON.
+enum TimeField {
+    Millis(i64),
+    Invalid,
+}
+
+impl<'de> Deserialize<'de> for TimeField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TimeField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("epoch milliseconds or an RFC 3339 timestamp")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<TimeField, E> {
+                Ok(TimeField::Millis(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<TimeField, E> {
+                Ok(i64::try_from(v).map_or(TimeField::Invalid, TimeField::Millis))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<TimeField, E> {
+                let integral = v.fract() == 0.0 && v.abs() < 9.0e15;
+                Ok(if integral { TimeField::Millis(v as i64) } else { TimeField::Invalid })
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TimeField, E> {
+                Ok(parse_rfc3339_ms(v).map_or(TimeField::Invalid, TimeField::Millis))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<TimeField, E> {
+                Ok(TimeField::Invalid)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<TimeField, E> {
+                Ok(TimeField::Invalid)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<TimeField, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(TimeField::Invalid)
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<TimeField, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(TimeField::Invalid)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `cost`: a positive integer. Zero, negatives, fractions and non-numbers are `Invalid`.
+enum CostField {
+    Valid(u64),
+    Invalid,
+}
+
+impl<'de> Deserialize<'de> for CostField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CostField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a positive integer")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<CostField, E> {
+                Ok(if v > 0 { CostField::Valid(v) } else { CostField::Invalid })
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<CostField, E> {
+                Ok(u64::try_from(v).ok().filter(|c| *c > 0).map_or(CostField::Invalid, CostField::Valid))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<CostField, E> {
+                let integral = v.fract() == 0.0 && v >= 1.0 && v < 9.0e15;
+                Ok(if integral { CostField::Valid(v as u64) } else { CostField::Invalid })
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<CostField, E> {
+                Ok(CostField::Invalid)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<CostField, E> {
+                Ok(CostField::Invalid)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<CostField, E> {
+                Ok(CostField::Invalid)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<CostField, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(CostField::Invalid)
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<CostField, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(CostField::Invalid)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `event_id`: a string, or a number kept in its decimal form.
+struct IdField<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for IdField<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IdField<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or integer event id")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<IdField<'de>, E> {
+                Ok(IdField(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<IdField<'de>, E> {
+                Ok(IdField(Cow::Owned(v.to_owned())))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<IdField<'de>, E> {
+                Ok(IdField(Cow::Owned(v.to_string())))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<IdField<'de>, E> {
+                Ok(IdField(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Event<'_>, RejectReason> {
+        parse_event(line, 16)
+    }
+
+    #[test]
+    fn parses_full_event_with_rfc3339_time() {
+        let e = parse(r#"{"event_id":"e1","event_time":"2026-09-01T19:00:00.5Z","metric":"m","scope":"eu","key":"a","cost":3}"#).unwrap();
+        assert_eq!(e.time_ms, 1_788_289_200_500);
+        assert_eq!((e.metric.as_ref(), e.scope.as_ref(), e.key.as_ref(), e.cost), ("m", "eu", "a", 3));
+        assert_eq!(e.event_id.as_deref(), Some("e1"));
+    }
+
+    #[test]
+    fn defaults_scope_and_cost_and_accepts_epoch_millis() {
+        let e = parse(r#"{"event_id":7,"event_time":1000,"metric":"m","key":"k"}"#).unwrap();
+        assert_eq!((e.time_ms, e.scope.as_ref(), e.cost), (1000, "", 1));
+        assert_eq!(e.event_id.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn rfc3339_offsets_are_honoured() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T01:00:00+01:00"), Some(0));
+        assert_eq!(format_rfc3339_ms(1_788_289_200_000), "2026-09-01T19:00:00Z");
+    }
+
+    #[test]
+    fn every_bad_field_has_its_reason() {
+        let cases = [
+            ("not json", RejectReason::InvalidJson),
+            (r#"{"event_time":1,"key":"k"}"#, RejectReason::MissingMetric),
+            (r#"{"event_time":1,"metric":"m"}"#, RejectReason::MissingKey),
+            (r#"{"event_time":1,"metric":"m","key":""}"#, RejectReason::MissingKey),
+            (r#"{"event_time":1,"metric":"m","key":"0123456789abcdefX"}"#, RejectReason::OversizeKey),
+            (r#"{"metric":"m","key":"k"}"#, RejectReason::InvalidTime),
+            (r#"{"event_time":"yesterday","metric":"m","key":"k"}"#, RejectReason::InvalidTime),
+            (r#"{"event_time":1.5,"metric":"m","key":"k"}"#, RejectReason::InvalidTime),
+            (r#"{"event_time":1,"metric":"m","key":"k","cost":0}"#, RejectReason::InvalidCost),
+            (r#"{"event_time":1,"metric":"m","key":"k","cost":-2}"#, RejectReason::InvalidCost),
+            (r#"{"event_time":1,"metric":"m","key":"k","cost":1.5}"#, RejectReason::InvalidCost),
+            (r#"{"event_time":1,"metric":"m","key":"k","cost":"3"}"#, RejectReason::InvalidCost),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse(line).unwrap_err(), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn escaped_keys_are_unescaped() {
+        let e = parse(r#"{"event_time":1,"metric":"m","key":"a\"b"}"#).unwrap();
+        assert_eq!(e.key, "a\"b");
+    }
+}

@@ -1,0 +1,157 @@
+//! Exact counting for one window of one shard.
+//!
+//! Events land in open buckets (those the watermark has not passed). When the watermark passes
+//! a bucket's end, the bucket is folded into the running window totals and, for a sliding
+//! window, kept in a ring until it leaves the window, when it is subtracted. Nothing is ever
+//! rescanned: each event costs one bucket increment, each bucket one fold and one expiry.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+use crate::config::WindowConfig;
+use crate::keys::KeyTable;
+use crate::window::bucket_index;
+
+struct OpenBucket {
+    idx: i64,
+    counts: FxHashMap<u32, u64>,
+}
+
+struct ClosedBucket {
+    idx: i64,
+    total: u64,
+    counts: Vec<(u32, u64)>,
+}
+
+pub(crate) struct ExactWindow {
+    bucket_ms: i64,
+    span: Option<i64>,
+    open: VecDeque<OpenBucket>,
+    closed: VecDeque<ClosedBucket>,
+    totals: Vec<u64>,
+    total: u64,
+    closed_through: i64,
+}
+
+impl ExactWindow {
+    pub(crate) fn new(cfg: &WindowConfig) -> Self {
+        Self {
+            bucket_ms: cfg.bucket_ms,
+            span: cfg.buckets(),
+            open: VecDeque::new(),
+            closed: VecDeque::new(),
+            totals: Vec::new(),
+            total: 0,
+            closed_through: i64::MIN,
+        }
+    }
+
+    /// Index of the first bucket that is still open.
+    pub(crate) fn closed_through(&self) -> i64 {
+        self.closed_through
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Counts `cost` for key `id` at `time_ms`. Returns false (and counts nothing) when the
+    /// bucket is already closed; the pipeline's lateness rule prevents that.
+    #[inline]
+    pub(crate) fn add(&mut self, time_ms: i64, id: u32, cost: u64, keys: &mut KeyTable) -> bool {
+        let idx = bucket_index(time_ms, self.bucket_ms);
+        if idx < self.closed_through {
+            return false;
+        }
+        let bucket = open_bucket(&mut self.open, idx, || FxHashMap::default(), |b| b.idx, |idx, counts| {
+            OpenBucket { idx, counts }
+        });
+        let count = bucket.counts.entry(id).or_insert_with(|| {
+            keys.incref(id);
+            0
+        });
+        *count += cost;
+        true
+    }
+
+    /// Folds every open bucket ending at or before `watermark_ms` and expires buckets that left
+    /// the window ending at the newest closed boundary.
+    pub(crate) fn close_through(&mut self, watermark_ms: i64, keys: &mut KeyTable) {
+        let end_idx = watermark_ms.div_euclid(self.bucket_ms);
+        if end_idx <= self.closed_through {
+            return;
+        }
+        self.closed_through = end_idx;
+        if self.totals.len() < keys.id_space() {
+            self.totals.resize(keys.id_space(), 0);
+        }
+        while self.open.front().is_some_and(|b| b.idx < end_idx) {
+            let Some(bucket) = self.open.pop_front() else { break };
+            let mut counts: Vec<(u32, u64)> = bucket.counts.into_iter().collect();
+            let mut bucket_total = 0;
+            for &(id, cost) in &counts {
+                let slot = &mut self.totals[id as usize];
+                if *slot == 0 {
+                    keys.incref(id);
+                }
+                *slot += cost;
+                bucket_total += cost;
+            }
+            self.total += bucket_total;
+            if self.span.is_some() {
+                counts.shrink_to_fit();
+                self.closed.push_back(ClosedBucket { idx: bucket.idx, total: bucket_total, counts });
+            } else {
+                for (id, _) in counts {
+                    keys.decref(id);
+                }
+            }
+        }
+        if let Some(span) = self.span {
+            while self.closed.front().is_some_and(|b| b.idx < end_idx - span) {
+                let Some(bucket) = self.closed.pop_front() else { break };
+                self.total -= bucket.total;
+                for (id, cost) in bucket.counts {
+                    let slot = &mut self.totals[id as usize];
+                    *slot -= cost;
+                    if *slot == 0 {
+                        keys.decref(id);
+                    }
+                    keys.decref(id);
+                }
+            }
+        }
+    }
+
+    /// Keys with a positive count in the closed window, as (id, count).
+    pub(crate) fn counted(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.totals.iter().enumerate().filter(|(_, c)| **c > 0).map(|(id, c)| (id as u32, *c))
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let open: usize = self.open.iter().map(|b| b.counts.capacity() * 24).sum();
+        let closed: usize = self.closed.iter().map(|b| b.counts.capacity() * 16).sum();
+        open + closed + self.totals.capacity() * 8
+    }
+}
+
+/// The open bucket with index `idx`, inserted in order if missing. Events nearly always hit
+/// the newest bucket, so the search runs from the back.
+pub(crate) fn open_bucket<B, S>(
+    open: &mut VecDeque<B>,
+    idx: i64,
+    state: impl FnOnce() -> S,
+    index_of: impl Fn(&B) -> i64,
+    make: impl FnOnce(i64, S) -> B,
+) -> &mut B {
+    let mut at = open.len();
+    while at > 0 && index_of(&open[at - 1]) > idx {
+        at -= 1;
+    }
+    if at == 0 || index_of(&open[at - 1]) != idx {
+        open.insert(at, make(idx, state()));
+        return &mut open[at];
+    }
+    &mut open[at - 1]
+}

@@ -1,0 +1,31 @@
+//! Pure counting engine for sliding-window Top-K.
+//!
+//! Everything here is deterministic and synchronous: no I/O, no clocks, no threads. The
+//! worker, the reducer and `topk run` all drive the same types:
+//!
+//! - [`event`]: parsing and validating one JSON event, with a reason for every rejection.
+//! - [`partition`]: Kafka's default partitioner (murmur2), so every process shards alike.
+//! - [`window`]: epoch-aligned bucket and window arithmetic.
+//! - [`shard`]: per-shard counting state for every configured window, exact or sketched.
+//! - [`summary`]: what a shard publishes, and the merge of many shards into rankings.
+//! - [`pipeline`]: shards + watermark + merge in one process (what `topk run` drives).
+
+pub mod candidates;
+pub mod config;
+pub mod error;
+pub mod event;
+mod exact;
+mod approx;
+mod keys;
+pub mod partition;
+pub mod pipeline;
+pub mod shard;
+pub mod sketch;
+pub mod summary;
+pub mod window;
+
+pub use config::{EngineConfig, Mode, SketchParams, WindowConfig};
+pub use error::EngineError;
+pub use event::{Event, RejectReason};
+pub use pipeline::{IngestOutcome, Pipeline, Published};
+pub use summary::{Ranking, RankedItem, ShardSummary};

@@ -1,0 +1,200 @@
+//! The whole counting path in one process: validation, lateness, routing to shards by Kafka's
+//! partitioner, per-shard counting, and the merge of shard summaries into published rankings.
+//!
+//! It is what `topk run` and `topk demo` drive, and what the tests compare against oracles.
+//! Time is passed in (`now_ms`), never read, so runs are reproducible.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::event::{Event, RejectReason, parse_event};
+use crate::partition::shard_for;
+use crate::shard::ShardCounter;
+use crate::summary::{Ranking, merge};
+use crate::window::{boundary_after, closed_boundary};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngestOutcome {
+    Accepted,
+    /// Blank line: not an event, not counted anywhere.
+    Blank,
+    Rejected(RejectReason),
+}
+
+/// A ranking as published: the merged list plus its version and publication time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub ranking: Ranking,
+    pub version: u64,
+    pub as_of_ms: i64,
+}
+
+pub struct Pipeline {
+    cfg: EngineConfig,
+    shards: Vec<ShardCounter>,
+    max_event_ms: Option<i64>,
+    /// Per window, the boundary of the last published list.
+    published_end: Vec<Option<i64>>,
+    /// Smallest watermark at which some window has a new boundary to publish.
+    next_publish_ms: i64,
+    versions: HashMap<(String, String), u64>,
+    known_scopes: Vec<BTreeSet<String>>,
+    accepted: u64,
+    rejected: BTreeMap<RejectReason, u64>,
+}
+
+impl Pipeline {
+    pub fn new(cfg: EngineConfig) -> Result<Self, EngineError> {
+        cfg.validate()?;
+        let shards = (0..cfg.shards).map(|s| ShardCounter::new(&cfg, s)).collect();
+        let windows = cfg.windows.len();
+        Ok(Self {
+            cfg,
+            shards,
+            max_event_ms: None,
+            published_end: vec![None; windows],
+            next_publish_ms: i64::MIN,
+            versions: HashMap::new(),
+            known_scopes: vec![BTreeSet::new(); windows],
+            accepted: 0,
+            rejected: BTreeMap::new(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Highest accepted event time minus the allowed lateness.
+    pub fn watermark_ms(&self) -> Option<i64> {
+        self.max_event_ms.map(|t| t.saturating_sub(self.cfg.allowed_lateness_ms))
+    }
+
+    pub fn max_event_ms(&self) -> Option<i64> {
+        self.max_event_ms
+    }
+
+    pub fn accepted(&self) -> u64 {
+        self.accepted
+    }
+
+    pub fn rejected(&self) -> &BTreeMap<RejectReason, u64> {
+        &self.rejected
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        self.shards.iter().map(ShardCounter::state_bytes).sum()
+    }
+
+    /// Parses and counts one input line; rankings whose window closed are appended to `out`.
+    pub fn ingest_line(&mut self, line: &str, now_ms: i64, out: &mut Vec<Published>) -> IngestOutcome {
+        if line.trim().is_empty() {
+            return IngestOutcome::Blank;
+        }
+        let result = parse_event(line, self.cfg.max_key_bytes)
+            .and_then(|event| self.ingest(&event, now_ms, out));
+        match result {
+            Ok(()) => IngestOutcome::Accepted,
+            Err(reason) => {
+                *self.rejected.entry(reason).or_insert(0) += 1;
+                IngestOutcome::Rejected(reason)
+            }
+        }
+    }
+
+    /// Counts a parsed event. Rejections are returned, not recorded: `ingest_line` records.
+    pub fn ingest(&mut self, event: &Event<'_>, now_ms: i64, out: &mut Vec<Published>) -> Result<(), RejectReason> {
+        if event.metric != self.cfg.metric {
+            return Err(RejectReason::OtherMetric);
+        }
+        if event.key.len() > self.cfg.max_key_bytes {
+            return Err(RejectReason::OversizeKey);
+        }
+        if event.time_ms > now_ms.saturating_add(self.cfg.max_future_skew_ms) {
+            return Err(RejectReason::FutureTime);
+        }
+        if self.watermark_ms().is_some_and(|wm| event.time_ms < wm) {
+            return Err(RejectReason::Late);
+        }
+        if self.max_event_ms.is_none_or(|t| event.time_ms > t) {
+            self.max_event_ms = Some(event.time_ms);
+            if self.watermark_ms().is_some_and(|wm| wm >= self.next_publish_ms) {
+                self.publish_due(now_ms, out);
+            }
+        }
+        let shard = shard_for(&self.cfg.metric, &event.scope, &event.key, self.cfg.shards);
+        self.shards[shard as usize].add(&event.scope, &event.key, event.time_ms, event.cost);
+        self.accepted += 1;
+        Ok(())
+    }
+
+    /// Publishes every window whose newest closed boundary moved since its last publication.
+    fn publish_due(&mut self, now_ms: i64, out: &mut Vec<Published>) {
+        let Some(watermark) = self.watermark_ms() else { return };
+        let mut next = i64::MAX;
+        for w in 0..self.cfg.windows.len() {
+            let bucket_ms = self.cfg.windows[w].bucket_ms;
+            let boundary = closed_boundary(watermark, bucket_ms);
+            if self.published_end[w].is_none_or(|end| boundary > end) {
+                self.publish_window(w, watermark, watermark, now_ms, out);
+                self.published_end[w] = Some(boundary);
+            }
+            next = next.min(boundary.saturating_add(bucket_ms));
+        }
+        self.next_publish_ms = next;
+    }
+
+    /// End of input: publishes each window ending at the first boundary after the latest
+    /// accepted event, so every accepted event is in the lists.
+    pub fn finish(&mut self, now_ms: i64, out: &mut Vec<Published>) {
+        let Some(max_event) = self.max_event_ms else { return };
+        for w in 0..self.cfg.windows.len() {
+            let end = boundary_after(max_event, self.cfg.windows[w].bucket_ms);
+            self.publish_window(w, end, end, now_ms, out);
+            self.published_end[w] = Some(end);
+        }
+        self.next_publish_ms = i64::MAX;
+    }
+
+    fn publish_window(&mut self, w: usize, close_at: i64, watermark: i64, now_ms: i64, out: &mut Vec<Published>) {
+        let summaries: Vec<_> = self
+            .shards
+            .iter_mut()
+            .map(|shard| {
+                shard.advance_window(w, close_at);
+                shard.summary(w, watermark)
+            })
+            .collect();
+        let refs: Vec<_> = summaries.iter().collect();
+        let mut rankings = merge(&refs, self.cfg.k);
+        let Some(template) = summaries.first() else { return };
+        // A scope whose keys all left the window gets an empty list instead of a stale one.
+        for scope in &self.known_scopes[w] {
+            if !rankings.iter().any(|r| &r.scope == scope) {
+                rankings.push(Ranking {
+                    metric: self.cfg.metric.clone(),
+                    scope: scope.clone(),
+                    window: template.window.clone(),
+                    window_start_ms: template.window_start_ms,
+                    window_end_ms: template.window_end_ms,
+                    items: Vec::new(),
+                    mode: template.mode.clone(),
+                    max_overcount: summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0),
+                    watermark_ms: watermark,
+                    total: 0,
+                });
+            }
+        }
+        rankings.sort_by(|a, b| a.scope.cmp(&b.scope));
+        for ranking in rankings {
+            self.known_scopes[w].insert(ranking.scope.clone());
+            let version = self
+                .versions
+                .entry((ranking.scope.clone(), ranking.window.clone()))
+                .and_modify(|v| *v += 1)
+                .or_insert(1);
+            out.push(Published { ranking, version: *version, as_of_ms: now_ms });
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The counting state of one logical shard: every configured window, exact or sketched.
+
+use std::f64::consts::E;
+
+use crate::approx::ApproxWindow;
+use crate::config::{EngineConfig, Mode, WindowConfig};
+use crate::exact::ExactWindow;
+use crate::keys::{KeyTable, ScopeTable, key_hash};
+use crate::sketch::CountMinSketch;
+use crate::summary::{KeyCount, ScopeItems, ShardSummary, rank_order, top_k};
+
+enum State {
+    Exact { keys: KeyTable, windows: Vec<ExactWindow> },
+    Approximate { windows: Vec<ApproxWindow> },
+}
+
+pub struct ShardCounter {
+    metric: String,
+    shard: u32,
+    mode: Mode,
+    k: usize,
+    windows: Vec<WindowConfig>,
+    scopes: ScopeTable,
+    state: State,
+    seq: u64,
+    epoch: u64,
+    dropped_closed: u64,
+}
+
+impl ShardCounter {
+    /// Expects a validated configuration.
+    pub fn new(cfg: &EngineConfig, shard: u32) -> Self {
+        let state = match cfg.mode {
+            Mode::Exact => State::Exact {
+                keys: KeyTable::default(),
+                windows: cfg.windows.iter().map(ExactWindow::new).collect(),
+            },
+            Mode::Approximate(p) => {
+                let (width, depth) = shard_sketch_dimensions(p.epsilon, p.delta, cfg.shards);
+                State::Approximate {
+                    windows: cfg
+                        .windows
+                        .iter()
+                        .map(|w| ApproxWindow::new(w, width, depth, p.candidates))
+                        .collect(),
+                }
+            }
+        };
+        Self {
+            metric: cfg.metric.clone(),
+            shard,
+            mode: cfg.mode,
+            k: cfg.k,
+            windows: cfg.windows.clone(),
+            scopes: ScopeTable::new(),
+            state,
+            seq: 0,
+            epoch: 0,
+            dropped_closed: 0,
+        }
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Sets the ownership epoch stamped on summaries.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// Events that reached a bucket that was already closed and were not counted in that
+    /// window. Always zero when the caller enforces the watermark, as the pipeline does.
+    pub fn dropped_closed(&self) -> u64 {
+        self.dropped_closed
+    }
+
+    /// Counts one accepted event in every window.
+    pub fn add(&mut self, scope: &str, key: &str, time_ms: i64, cost: u64) {
+        let scope_id = self.scopes.intern(scope);
+        let hash = key_hash(self.scopes.seed(scope_id), key);
+        let mut missed = 0;
+        match &mut self.state {
+            State::Exact { keys, windows } => {
+                let id = keys.intern(hash, scope_id, key);
+                keys.incref(id); // held while this call adds it to buckets
+                for w in windows.iter_mut() {
+                    missed += u64::from(!w.add(time_ms, id, cost, keys));
+                }
+                keys.decref(id);
+            }
+            State::Approximate { windows } => {
+                for w in windows.iter_mut() {
+                    missed += u64::from(!w.add(time_ms, scope_id, hash, key, cost));
+                }
+            }
+        }
+        self.dropped_closed += missed;
+    }
+
+    /// Closes, in every window, the buckets that end at or before `watermark_ms`.
+    pub fn advance(&mut self, watermark_ms: i64) {
+        for w in 0..self.windows.len() {
+            self.advance_window(w, watermark_ms);
+        }
+    }
+
+    pub fn advance_window(&mut self, window: usize, watermark_ms: i64) {
+        match &mut self.state {
+            State::Exact { keys, windows } => windows[window].close_through(watermark_ms, keys),
+            State::Approximate { windows } => windows[window].close_through(watermark_ms),
+        }
+    }
+
+    /// Summary of window `window` as of its last closed boundary.
+    pub fn summary(&mut self, window: usize, watermark_ms: i64) -> ShardSummary {
+        self.seq += 1;
+        let cfg = &self.windows[window];
+        let (closed_through, total, max_overcount, scopes) = match &self.state {
+            State::Exact { keys, windows } => {
+                let w = &windows[window];
+                let mut per_scope: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.scopes.len()];
+                for (id, count) in w.counted() {
+                    per_scope[keys.scope(id) as usize].push((id, count));
+                }
+                let scopes = per_scope
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, items)| !items.is_empty())
+                    .map(|(scope, items)| {
+                        let top = top_k(items, self.k, |a, b| {
+                            rank_order(keys.key(a.0), a.1, keys.key(b.0), b.1)
+                        });
+                        ScopeItems {
+                            scope: self.scopes.name(scope as u32).to_owned(),
+                            items: top
+                                .into_iter()
+                                .map(|(id, count)| KeyCount { key: keys.key(id).to_owned(), count })
+                                .collect(),
+                        }
+                    })
+                    .collect();
+                (w.closed_through(), w.total(), 0, scopes)
+            }
+            State::Approximate { windows } => {
+                let w = &windows[window];
+                let scopes = w
+                    .top()
+                    .into_iter()
+                    .map(|(scope, items)| ScopeItems {
+                        scope: self.scopes.name(scope).to_owned(),
+                        items: items
+                            .into_iter()
+                            .map(|(_, key, count)| KeyCount { key, count })
+                            .collect(),
+                    })
+                    .collect();
+                (w.closed_through(), w.total(), w.error_bound(), scopes)
+            }
+        };
+        let window_end_ms = match (cfg.length_ms, closed_through) {
+            (None, _) | (_, i64::MIN) => None,
+            (Some(_), idx) => Some(idx.saturating_mul(cfg.bucket_ms)),
+        };
+        let window_start_ms = window_end_ms.zip(cfg.length_ms).map(|(end, len)| end - len);
+        ShardSummary {
+            metric: self.metric.clone(),
+            shard: self.shard,
+            epoch: self.epoch,
+            seq: self.seq,
+            window: cfg.name.clone(),
+            window_start_ms,
+            window_end_ms,
+            watermark_ms,
+            mode: self.mode.name().to_owned(),
+            max_overcount,
+            total,
+            scopes,
+        }
+    }
+
+    /// Distinct (scope, key) pairs held in exact mode (in a bucket or a window total); `None`
+    /// in approximate mode, which keeps no per-key state beyond its candidates.
+    pub fn tracked_keys(&self) -> Option<usize> {
+        match &self.state {
+            State::Exact { keys, .. } => Some(keys.live()),
+            State::Approximate { .. } => None,
+        }
+    }
+
+    /// Approximate heap memory held by the counting state.
+    pub fn state_bytes(&self) -> usize {
+        self.scopes.heap_bytes()
+            + match &self.state {
+                State::Exact { keys, windows } => {
+                    keys.heap_bytes() + windows.iter().map(ExactWindow::heap_bytes).sum::<usize>()
+                }
+                State::Approximate { windows } => {
+                    windows.iter().map(ApproxWindow::heap_bytes).sum::<usize>()
+                }
+            }
+    }
+}
+
+/// Sketch dimensions of one shard. `epsilon` is relative to the metric's total over all
+/// shards, so each shard sizes its sketch for its share: width `e / (epsilon * shards)`.
+pub fn shard_sketch_dimensions(epsilon: f64, delta: f64, shards: u32) -> (u32, u32) {
+    let (_, depth) = CountMinSketch::dimensions(epsilon, delta);
+    let width = (E / (epsilon * f64::from(shards.max(1)))).ceil().clamp(1.0, f64::from(u32::MAX >> 4));
+    (width as u32, depth)
+}

@@ -1,0 +1,174 @@
+//! What a shard publishes for one window, and the merge of every shard's summary into one
+//! ranking per scope.
+//!
+//! Merging is a union followed by a top-k: counts of the same key from several summaries are
+//! added (they describe disjoint events), and because Kafka's partitioner gives each key one
+//! owner, the union of every shard's exact top k contains the global exact top k.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyCount {
+    pub key: String,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeItems {
+    pub scope: String,
+    pub items: Vec<KeyCount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardSummary {
+    pub metric: String,
+    pub shard: u32,
+    /// Ownership epoch of the shard when the summary was made (0 outside a cluster).
+    pub epoch: u64,
+    /// Per-shard sequence number, increasing with every summary it publishes.
+    pub seq: u64,
+    pub window: String,
+    /// `[start, end)` in Unix ms; both `None` for an all-time window.
+    pub window_start_ms: Option<i64>,
+    pub window_end_ms: Option<i64>,
+    pub watermark_ms: i64,
+    pub mode: String,
+    /// Largest amount any count in `scopes` may exceed the true count by (0 when exact).
+    pub max_overcount: u64,
+    /// Sum of all costs counted by this shard in the window.
+    pub total: u64,
+    /// Per scope, the heaviest keys, ordered by count descending then key ascending.
+    pub scopes: Vec<ScopeItems>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankedItem {
+    pub rank: u32,
+    pub key: String,
+    pub count: u64,
+}
+
+/// A merged list for one (scope, window).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ranking {
+    pub metric: String,
+    pub scope: String,
+    pub window: String,
+    pub window_start_ms: Option<i64>,
+    pub window_end_ms: Option<i64>,
+    pub items: Vec<RankedItem>,
+    pub mode: String,
+    pub max_overcount: u64,
+    pub watermark_ms: i64,
+    pub total: u64,
+}
+
+/// The order of every list: count descending, then key ascending.
+pub fn rank_order(a_key: &str, a_count: u64, b_key: &str, b_count: u64) -> Ordering {
+    b_count.cmp(&a_count).then_with(|| a_key.cmp(b_key))
+}
+
+/// The first `k` of `items` under `cmp` (a rank order), sorted, without sorting all of them.
+pub fn top_k<T>(mut items: Vec<T>, k: usize, cmp: impl Fn(&T, &T) -> Ordering) -> Vec<T> {
+    if k == 0 {
+        return Vec::new();
+    }
+    if items.len() > k {
+        items.select_nth_unstable_by(k - 1, &cmp);
+        items.truncate(k);
+    }
+    items.sort_unstable_by(&cmp);
+    items
+}
+
+/// Merges summaries of the same window (from different shards) into one ranking per scope,
+/// ordered by scope. Callers decide which summaries are eligible (epochs, completeness).
+pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
+    let Some(first) = summaries.first() else {
+        return Vec::new();
+    };
+    let mut per_scope: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
+    for summary in summaries {
+        for scope in &summary.scopes {
+            let counts = per_scope.entry(&scope.scope).or_default();
+            for item in &scope.items {
+                *counts.entry(&item.key).or_insert(0) += item.count;
+            }
+        }
+    }
+    let watermark_ms = summaries.iter().map(|s| s.watermark_ms).min().unwrap_or(i64::MIN);
+    let max_overcount = summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0);
+    let total = summaries.iter().map(|s| s.total).sum();
+    per_scope
+        .into_iter()
+        .map(|(scope, counts)| {
+            let top = top_k(counts.into_iter().collect(), k, |a, b| rank_order(a.0, a.1, b.0, b.1));
+            Ranking {
+                metric: first.metric.clone(),
+                scope: scope.to_owned(),
+                window: first.window.clone(),
+                window_start_ms: first.window_start_ms,
+                window_end_ms: first.window_end_ms,
+                items: top
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (key, count))| RankedItem {
+                        rank: i as u32 + 1,
+                        key: key.to_owned(),
+                        count,
+                    })
+                    .collect(),
+                mode: first.mode.clone(),
+                max_overcount,
+                watermark_ms,
+                total,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(shard: u32, items: &[(&str, &str, u64)], watermark_ms: i64, over: u64) -> ShardSummary {
+        let mut scopes: Vec<ScopeItems> = Vec::new();
+        for (scope, key, count) in items {
+            let item = KeyCount { key: key.to_string(), count: *count };
+            match scopes.iter_mut().find(|s| s.scope == *scope) {
+                Some(s) => s.items.push(item),
+                None => scopes.push(ScopeItems { scope: scope.to_string(), items: vec![item] }),
+            }
+        }
+        ShardSummary {
+            metric: "m".into(),
+            shard,
+            epoch: 0,
+            seq: 1,
+            window: "1m".into(),
+            window_start_ms: Some(0),
+            window_end_ms: Some(60_000),
+            watermark_ms,
+            mode: "exact".into(),
+            max_overcount: over,
+            total: items.iter().map(|i| i.2).sum(),
+            scopes,
+        }
+    }
+
+    #[test]
+    fn merge_unions_ranks_with_key_tiebreak_and_takes_bounds() {
+        let a = summary(0, &[("", "x", 5), ("", "b", 3), ("eu", "z", 1)], 100, 2);
+        let b = summary(1, &[("", "a", 3), ("", "y", 9)], 50, 7);
+        let merged = merge(&[&a, &b], 3);
+        assert_eq!(merged.len(), 2);
+        let global = &merged[0];
+        let keys: Vec<_> = global.items.iter().map(|i| (i.rank, i.key.as_str(), i.count)).collect();
+        assert_eq!(keys, vec![(1, "y", 9), (2, "x", 5), (3, "a", 3)]);
+        assert_eq!((global.watermark_ms, global.max_overcount, global.total), (50, 7, 21));
+        assert_eq!(merged[1].scope, "eu");
+    }
+}
