@@ -26,8 +26,6 @@ pub struct RankingRecord {
     pub as_of: String,
     /// Increases by one with every list published for this (scope, window).
     pub version: u64,
-    /// Sum of all counted costs in the window over every key, listed or not.
-    pub total: u64,
 }
 
 impl RankingRecord {
@@ -45,7 +43,6 @@ impl RankingRecord {
             watermark: format_rfc3339_ms(r.watermark_ms),
             as_of: format_rfc3339_ms(p.as_of_ms),
             version: p.version,
-            total: r.total,
         }
     }
 

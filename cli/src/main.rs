@@ -1,1 +1,48 @@
-fn main() {}
+//! `topk`: the Top-K engine in one process.
+
+mod demo;
+mod error;
+mod ingest;
+mod metrics;
+mod run;
+mod server;
+mod store;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "topk", version, about = "Sliding-window Top-K: which keys have the largest counts")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Count JSON-lines events from a file or stdin and serve the rankings over HTTP.
+    Run(run::RunArgs),
+    /// Generate a skewed stream with a trending key, count it, serve it, print the top 5.
+    Demo(demo::DemoArgs),
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args).await,
+        Command::Demo(args) => demo::demo(args).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("topk: {err}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}

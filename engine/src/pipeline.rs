@@ -97,10 +97,15 @@ impl Pipeline {
         match result {
             Ok(()) => IngestOutcome::Accepted,
             Err(reason) => {
-                *self.rejected.entry(reason).or_insert(0) += 1;
+                self.record_rejection(reason);
                 IngestOutcome::Rejected(reason)
             }
         }
+    }
+
+    /// Records a rejection decided outside the pipeline (e.g. input that is not UTF-8).
+    pub fn record_rejection(&mut self, reason: RejectReason) {
+        *self.rejected.entry(reason).or_insert(0) += 1;
     }
 
     /// Counts a parsed event. Rejections are returned, not recorded: `ingest_line` records.
@@ -182,7 +187,6 @@ impl Pipeline {
                     mode: template.mode.clone(),
                     max_overcount: summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0),
                     watermark_ms: watermark,
-                    total: 0,
                 });
             }
         }

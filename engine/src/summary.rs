@@ -38,7 +38,8 @@ pub struct ShardSummary {
     pub mode: String,
     /// Largest amount any count in `scopes` may exceed the true count by (0 when exact).
     pub max_overcount: u64,
-    /// Sum of all costs counted by this shard in the window.
+    /// Sum of all costs this shard counted in the window, over every scope (the `N` of the
+    /// sketch bound).
     pub total: u64,
     /// Per scope, the heaviest keys, ordered by count descending then key ascending.
     pub scopes: Vec<ScopeItems>,
@@ -63,7 +64,6 @@ pub struct Ranking {
     pub mode: String,
     pub max_overcount: u64,
     pub watermark_ms: i64,
-    pub total: u64,
 }
 
 /// The order of every list: count descending, then key ascending.
@@ -101,7 +101,6 @@ pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
     }
     let watermark_ms = summaries.iter().map(|s| s.watermark_ms).min().unwrap_or(i64::MIN);
     let max_overcount = summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0);
-    let total = summaries.iter().map(|s| s.total).sum();
     per_scope
         .into_iter()
         .map(|(scope, counts)| {
@@ -124,7 +123,6 @@ pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
                 mode: first.mode.clone(),
                 max_overcount,
                 watermark_ms,
-                total,
             }
         })
         .collect()
@@ -168,7 +166,7 @@ mod tests {
         let global = &merged[0];
         let keys: Vec<_> = global.items.iter().map(|i| (i.rank, i.key.as_str(), i.count)).collect();
         assert_eq!(keys, vec![(1, "y", 9), (2, "x", 5), (3, "a", 3)]);
-        assert_eq!((global.watermark_ms, global.max_overcount, global.total), (50, 7, 21));
+        assert_eq!((global.watermark_ms, global.max_overcount), (50, 7));
         assert_eq!(merged[1].scope, "eu");
     }
 }

@@ -1,0 +1,64 @@
+//! Feeds lines to the pipeline and hands what it publishes to the store and the metrics.
+//! Shared by `topk run` (lines from a file or stdin) and `topk demo` (generated lines).
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use topk_engine::pipeline::Published;
+use topk_engine::{IngestOutcome, Pipeline, RejectReason};
+
+use crate::metrics::WindowLabel;
+use crate::server::AppState;
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+pub struct Ingestor {
+    pipeline: Pipeline,
+    state: Arc<AppState>,
+    published: Vec<Published>,
+}
+
+impl Ingestor {
+    pub fn new(pipeline: Pipeline, state: Arc<AppState>) -> Self {
+        Self { pipeline, state, published: Vec::new() }
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    pub fn line(&mut self, line: &str, now_ms: i64) -> IngestOutcome {
+        let outcome = self.pipeline.ingest_line(line, now_ms, &mut self.published);
+        self.state.metrics.record(outcome);
+        if !self.published.is_empty() {
+            self.flush();
+        }
+        outcome
+    }
+
+    /// Input that cannot even be read as text.
+    pub fn unreadable(&mut self) {
+        self.pipeline.record_rejection(RejectReason::InvalidJson);
+        self.state.metrics.record(IngestOutcome::Rejected(RejectReason::InvalidJson));
+    }
+
+    pub fn finish(&mut self, now_ms: i64) {
+        self.pipeline.finish(now_ms, &mut self.published);
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        let metrics = &self.state.metrics;
+        for p in &self.published {
+            metrics.rankings_published.get_or_create(&WindowLabel { window: p.ranking.window.clone() }).inc();
+        }
+        if let Some(last) = self.published.last() {
+            metrics.watermark_seconds.set(last.ranking.watermark_ms as f64 / 1000.0);
+        }
+        metrics.state_bytes.set(self.pipeline.state_bytes() as i64);
+        self.state.store.publish(&self.published);
+        self.published.clear();
+    }
+}

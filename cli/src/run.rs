@@ -1,0 +1,183 @@
+//! `topk run`: count a file or stdin in one process and serve the rankings.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use topk_api::{RankingRecord, load_manifest, DEFAULT_MANIFEST};
+use topk_engine::{EngineConfig, Pipeline};
+
+use crate::error::CliError;
+use crate::ingest::{Ingestor, now_ms};
+use crate::metrics::Metrics;
+use crate::server::{self, AppState};
+use crate::store::RankingStore;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OutputFormat {
+    Json,
+    Table,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// TopKMetric manifest (YAML). Without it, the embedded default (`api_requests`).
+    #[arg(long, short = 'f')]
+    pub file: Option<PathBuf>,
+    /// JSON-lines input file, or `-` for stdin.
+    #[arg(long, short = 'i', default_value = "-")]
+    pub input: String,
+    /// Address of the query API (`:0` picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Exit once the input ends, after printing every list.
+    #[arg(long)]
+    pub exit_at_end: bool,
+    /// Format of the final report printed with --exit-at-end.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+}
+
+/// What `--exit-at-end --output json` prints.
+#[derive(Serialize)]
+struct RunReport {
+    rankings: Vec<RankingRecord>,
+    accepted: u64,
+    rejected: BTreeMap<&'static str, u64>,
+}
+
+/// Loads and validates a manifest (or the embedded default).
+pub fn load_config(file: Option<&PathBuf>) -> Result<(String, EngineConfig), CliError> {
+    let text = match file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|source| CliError::ReadFile { path: path.display().to_string(), source })?,
+        None => DEFAULT_MANIFEST.to_owned(),
+    };
+    let manifest = load_manifest(&text)?;
+    let cfg = manifest.spec.engine_config()?;
+    Ok((manifest.metadata.name, cfg))
+}
+
+pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
+    let windows: Vec<String> = cfg.windows.iter().map(|w| w.name.clone()).collect();
+    Arc::new(AppState {
+        metric: cfg.metric.clone(),
+        windows: windows.clone(),
+        k: cfg.k,
+        store: RankingStore::new(windows),
+        metrics: Metrics::new(),
+    })
+}
+
+pub async fn run(args: RunArgs) -> Result<(), CliError> {
+    let (name, cfg) = load_config(args.file.as_ref())?;
+    let state = app_state(&cfg);
+    let pipeline = Pipeline::new(cfg)?;
+    let (listener, addr) = server::bind(&args.listen).await?;
+    tracing::info!("TopKMetric {name}: query API listening on http://{addr}");
+    let server = tokio::spawn(server::serve(listener, state.clone()));
+
+    let input = args.input.clone();
+    let ingest_state = state.clone();
+    let ingestor = tokio::task::spawn_blocking(move || ingest(&input, Ingestor::new(pipeline, ingest_state)))
+        .await
+        .map_err(|e| CliError::Input(std::io::Error::other(e)))??;
+
+    if args.exit_at_end {
+        report(&ingestor, &state, args.output);
+        return Ok(());
+    }
+    tracing::info!("input finished; serving the final lists until interrupted");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => Ok(()),
+        served = server => served.map_err(|e| CliError::Serve(std::io::Error::other(e)))?,
+    }
+}
+
+fn ingest(input: &str, mut ingestor: Ingestor) -> Result<Ingestor, CliError> {
+    let reader: Box<dyn Read + Send> = if input == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(File::open(input).map_err(|source| CliError::ReadFile { path: input.to_owned(), source })?)
+    };
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    let mut buf = Vec::with_capacity(4096);
+    let started = Instant::now();
+    let mut last_report = started;
+    let mut lines: u64 = 0;
+    let mut now = now_ms();
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf).map_err(CliError::Input)? == 0 {
+            break;
+        }
+        lines += 1;
+        if lines % 1024 == 0 {
+            now = now_ms();
+            if lines % (1 << 16) == 0 && last_report.elapsed().as_secs() >= 2 {
+                last_report = Instant::now();
+                progress(&ingestor, lines, started);
+            }
+        }
+        match std::str::from_utf8(&buf) {
+            Ok(line) => {
+                ingestor.line(line.trim_end_matches(['\n', '\r']), now);
+            }
+            Err(_) => ingestor.unreadable(),
+        }
+    }
+    ingestor.finish(now_ms());
+    if started.elapsed().as_secs() >= 2 {
+        progress(&ingestor, lines, started);
+    }
+    Ok(ingestor)
+}
+
+fn progress(ingestor: &Ingestor, lines: u64, started: Instant) {
+    let p = ingestor.pipeline();
+    let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    let rejected: u64 = p.rejected().values().sum();
+    eprintln!(
+        "topk: {lines} lines read ({rate:.0}/s), {} accepted, {rejected} rejected",
+        p.accepted()
+    );
+}
+
+fn report(ingestor: &Ingestor, state: &AppState, output: OutputFormat) {
+    let p = ingestor.pipeline();
+    let rankings = state.store.all();
+    match output {
+        OutputFormat::Json => {
+            let report = RunReport {
+                rankings,
+                accepted: p.accepted(),
+                rejected: p.rejected().iter().map(|(r, n)| (r.as_str(), *n)).collect(),
+            };
+            println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+        }
+        OutputFormat::Table => {
+            for r in &rankings {
+                print_table(r, 10);
+            }
+            let rejected: Vec<String> = p.rejected().iter().map(|(r, n)| format!("{r}={n}")).collect();
+            println!("accepted {}, rejected {}", p.accepted(), if rejected.is_empty() { "0".into() } else { rejected.join(" ") });
+        }
+    }
+}
+
+pub fn print_table(r: &RankingRecord, limit: usize) {
+    let scope = if r.scope.is_empty() { "(global)" } else { r.scope.as_str() };
+    let span = match (&r.window_start, &r.window_end) {
+        (Some(s), Some(e)) => format!("[{s}, {e})"),
+        _ => "all time".to_owned(),
+    };
+    println!("{} / {scope}  {span}  {}  v{}  max over-count {}", r.window, r.mode, r.version, r.max_overcount);
+    for item in r.items.iter().take(limit) {
+        println!("  {:>4}  {:>12}  {}", item.rank, item.count, item.key);
+    }
+}

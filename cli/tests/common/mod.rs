@@ -1,0 +1,71 @@
+//! Helpers for driving the real `topk` binary over loopback HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub fn topk() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_topk"))
+}
+
+/// A running `topk` process, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `topk` with `--listen 127.0.0.1:0` and waits for the address it logs.
+pub fn spawn(args: &[&str]) -> Server {
+    let mut child = topk()
+        .args(args)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start topk");
+    let stderr: ChildStderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(at) = line.find("http://") {
+                let addr = line[at..].split_whitespace().next().unwrap_or_default().to_owned();
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let base = rx.recv_timeout(Duration::from_secs(60)).expect("topk logged its address");
+    Server { child, base }
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).build().into()
+}
+
+/// GET returning (status, body).
+pub fn get(url: &str) -> (u16, String) {
+    let mut resp = agent().get(url).call().expect("request");
+    let status = resp.status().as_u16();
+    let body = resp.body_mut().read_to_string().expect("body");
+    (status, body)
+}
+
+/// Polls `check` until it returns Some or the deadline passes.
+pub fn await_some<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,36 @@
+//! `topk demo` starts without any input, publishes lists and prints the changing top 5.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use common::{await_some, get, spawn};
+use serde_json::Value;
+
+#[test]
+fn demo_serves_and_prints_a_moving_top_five() {
+    let mut server = spawn(&["demo", "--rate", "5000", "--every", "1s", "--duration", "120s"]);
+    let url = format!("{}/v1/rankings/api_requests?window=1m&k=5", server.base);
+    let first: Value = await_some("a first 1m list", Duration::from_secs(60), || {
+        let (status, body) = get(&url);
+        (status == 200).then(|| serde_json::from_str(&body).unwrap())
+    });
+    assert_eq!(first["items"].as_array().unwrap().len(), 5);
+    let version = first["version"].as_u64().unwrap();
+    await_some("a newer version", Duration::from_secs(30), || {
+        let (_, body) = get(&url);
+        let v: Value = serde_json::from_str(&body).ok()?;
+        (v["version"].as_u64()? > version).then_some(())
+    });
+    let (_, regional) = get(&format!("{}/v1/rankings/api_requests?window=1m&scope=eu-west", server.base));
+    assert!(regional.contains("\"items\""), "{regional}");
+
+    let stdout = server.child.stdout.take().unwrap();
+    let printed_rank_one = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .take(200)
+        .any(|line| line.trim_start().starts_with("1 "));
+    assert!(printed_rank_one, "the demo prints ranked rows");
+}

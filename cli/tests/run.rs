@@ -1,0 +1,187 @@
+//! `topk run` end to end: real process, real files, real HTTP on loopback.
+
+mod common;
+
+use std::io::Write;
+use std::time::Duration;
+
+use common::{await_some, get, spawn, topk};
+use serde_json::Value;
+
+const MANIFEST: &str = r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {name: test}
+spec:
+  metric: clicks
+  source: {kafka: {bootstrapServers: "localhost:9092", topic: clicks}}
+  shards: 4
+  k: 3
+  allowedLateness: 10s
+  windows:
+    - {name: 1m, length: 1m, bucket: 10s}
+    - {name: all, allTime: true}
+"#;
+
+fn event(t: &str, key: &str, scope: &str, cost: u64) -> String {
+    format!(r#"{{"event_id":"{key}{t}","event_time":"2026-09-01T19:{t}Z","metric":"clicks","scope":"{scope}","key":"{key}","cost":{cost}}}"#)
+}
+
+/// Writes the manifest and an input with known answers; returns (dir, manifest, input).
+fn fixture() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("metric.yaml");
+    std::fs::write(&manifest, MANIFEST).unwrap();
+    let mut lines = vec![
+        event("00:05", "old", "", 50), // leaves the 1m window, stays all-time
+        event("01:01", "a", "", 1),
+        event("01:02", "b", "", 2),
+        event("01:03", "c", "", 3),
+        event("01:04", "a", "", 4),
+        event("01:05", "d", "eu", 1),
+        event("01:20", "b", "", 1),
+        "{broken".to_owned(),
+        String::new(),
+        event("01:21", "x", "", 0),
+        r#"{"event_time":1,"metric":"other","key":"k"}"#.to_owned(),
+        event("00:59", "late", "", 1), // older than 01:21 - 10s
+    ];
+    lines.push(event("01:25", "e", "", 1));
+    let input = dir.path().join("events.jsonl");
+    let mut f = std::fs::File::create(&input).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+    f.write_all(&[0xff, 0xfe, b'\n']).unwrap();
+    let m = manifest.display().to_string();
+    let i = input.display().to_string();
+    (dir, m, i)
+}
+
+fn items(record: &Value) -> Vec<(String, u64)> {
+    record["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["key"].as_str().unwrap().to_owned(), i["count"].as_u64().unwrap()))
+        .collect()
+}
+
+fn pairs(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+    v.iter().map(|(k, c)| (k.to_string(), *c)).collect()
+}
+
+#[test]
+fn exit_at_end_prints_every_list_and_the_rejections() {
+    let (_dir, manifest, input) = fixture();
+    let out = topk()
+        .args(["run", "--file", &manifest, "--input", &input, "--listen", "127.0.0.1:0"])
+        .args(["--exit-at-end", "--output", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["accepted"], 8);
+    let rejected = &doc["rejected"];
+    assert_eq!(rejected["invalid_json"], 2, "broken line and non-UTF-8 line");
+    assert_eq!(rejected["invalid_cost"], 1);
+    assert_eq!(rejected["other_metric"], 1);
+    assert_eq!(rejected["late"], 1);
+
+    let rankings = doc["rankings"].as_array().unwrap();
+    let find = |window: &str, scope: &str| {
+        rankings.iter().find(|r| r["window"] == window && r["scope"] == scope).unwrap()
+    };
+    // Latest event 19:01:25 -> the 1m window ends at 19:01:30 and covers [19:00:30, 19:01:30).
+    let one_minute = find("1m", "");
+    assert_eq!(one_minute["windowStart"], "2026-09-01T19:00:30Z");
+    assert_eq!(one_minute["windowEnd"], "2026-09-01T19:01:30Z");
+    assert_eq!(items(one_minute), pairs(&[("a", 5), ("b", 3), ("c", 3)]));
+    assert_eq!(one_minute["mode"], "exact");
+    assert_eq!(one_minute["maxOvercount"], 0);
+    assert_eq!(items(find("1m", "eu")), pairs(&[("d", 1)]));
+    let all = find("all", "");
+    assert!(all.get("windowStart").is_none());
+    assert_eq!(items(all), pairs(&[("old", 50), ("a", 5), ("b", 3)]));
+}
+
+#[test]
+fn serves_rankings_index_metrics_and_clear_errors_over_http() {
+    let (_dir, manifest, input) = fixture();
+    let server = spawn(&["run", "--file", &manifest, "--input", &input]);
+    let base = &server.base;
+    let url = format!("{base}/v1/rankings/clicks?window=1m&k=2");
+    let record: Value = await_some("the 1m list", Duration::from_secs(30), || {
+        let (status, body) = get(&url);
+        (status == 200).then(|| serde_json::from_str(&body).unwrap())
+    });
+    assert_eq!(items(&record), pairs(&[("a", 5), ("b", 3)]));
+    for field in ["asOf", "watermark", "version", "windowStart", "windowEnd", "metric", "scope"] {
+        assert!(record.get(field).is_some(), "missing {field}");
+    }
+
+    let (status, body) = get(&format!("{base}/v1/rankings/clicks?window=all&scope=eu"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(items(&serde_json::from_str(&body).unwrap()), pairs(&[("d", 1)]));
+
+    let (status, body) = get(&format!("{base}/v1/rankings"));
+    assert_eq!(status, 200);
+    let index: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(index["rankings"].as_array().unwrap().len(), 4, "{index}");
+
+    let cases = [
+        ("/v1/rankings/nope?window=1m", 404, "unknown metric"),
+        ("/v1/rankings/clicks?window=5m", 400, "unknown window"),
+        ("/v1/rankings/clicks?window=1m&k=0", 400, "k must be"),
+        ("/v1/rankings/clicks?window=1m&k=4", 400, "between 1 and 3"),
+        ("/v1/rankings/clicks?window=1m&scope=mars", 404, "no ranking published yet"),
+    ];
+    for (path, want_status, want_text) in cases {
+        let (status, body) = get(&format!("{base}{path}"));
+        assert_eq!(status, want_status, "{path}: {body}");
+        assert!(body.contains(want_text), "{path}: {body}");
+    }
+
+    let (status, metrics) = get(&format!("{base}/metrics"));
+    assert_eq!(status, 200);
+    assert!(metrics.contains("topk_events_accepted_total 8"), "{metrics}");
+    assert!(metrics.contains(r#"topk_events_rejected_total{reason="late"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"topk_events_rejected_total{reason="oversize_key"} 0"#));
+    assert_eq!(get(&format!("{base}/healthz")).0, 200);
+}
+
+#[test]
+fn invalid_manifest_fails_with_the_field_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, MANIFEST.replace("bucket: 10s", "bucket: 7s")).unwrap();
+    let out = topk()
+        .args(["run", "--file", path.to_str().unwrap(), "--input", "/dev/null", "--exit-at-end"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("spec.windows[0] (\"1m\"): bucket 7s must divide length 1m"), "{stderr}");
+}
+
+#[test]
+fn reads_stdin_with_the_embedded_default_manifest() {
+    use std::process::Stdio;
+    let mut child = topk()
+        .args(["run", "--listen", "127.0.0.1:0", "--exit-at-end", "--output", "json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for i in 0..3 {
+        writeln!(stdin, r#"{{"event_time":{},"metric":"api_requests","key":"GET /"}}"#, 1_000 + i).unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["accepted"], 3);
+    assert_eq!(doc["rankings"][0]["items"][0]["count"], 3);
+}

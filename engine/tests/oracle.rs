@@ -1,0 +1,326 @@
+//! Property tests of the whole pipeline against a brute-force oracle: every accepted event
+//! kept in a list, every window recounted from scratch.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use topk_engine::pipeline::Published;
+use topk_engine::summary::rank_order;
+use topk_engine::window::{boundary_after, closed_boundary};
+use topk_engine::{EngineConfig, IngestOutcome, Mode, Pipeline, RejectReason, SketchParams, WindowConfig};
+
+const NOW: i64 = 1 << 50;
+
+#[derive(Debug, Clone)]
+struct Ev {
+    time_ms: i64,
+    scope: String,
+    key: String,
+    cost: u64,
+}
+
+impl Ev {
+    fn json(&self, metric: &str) -> String {
+        serde_json::json!({
+            "event_id": format!("{}-{}", self.key, self.time_ms),
+            "event_time": self.time_ms,
+            "metric": metric,
+            "scope": self.scope,
+            "key": self.key,
+            "cost": self.cost,
+        })
+        .to_string()
+    }
+}
+
+/// The lateness rule, replayed: accepted iff not older than (max time so far - lateness).
+fn accepted(events: &[Ev], lateness: i64) -> Vec<Ev> {
+    let mut max: Option<i64> = None;
+    let mut out = Vec::new();
+    for e in events {
+        if max.is_some_and(|m| e.time_ms < m - lateness) {
+            continue;
+        }
+        max = Some(max.map_or(e.time_ms, |m| m.max(e.time_ms)));
+        out.push(e.clone());
+    }
+    out
+}
+
+/// Exact counts per scope of the accepted events with time in `[start, end)`.
+fn oracle_counts(events: &[Ev], start: i64, end: i64) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.time_ms >= start && e.time_ms < end) {
+        *out.entry(e.scope.clone()).or_default().entry(e.key.clone()).or_default() += e.cost;
+    }
+    out
+}
+
+fn oracle_top(counts: &BTreeMap<String, u64>, k: usize) -> Vec<(String, u64)> {
+    let mut all: Vec<(String, u64)> = counts.iter().map(|(k, c)| (k.clone(), *c)).collect();
+    all.sort_by(|a, b| rank_order(&a.0, a.1, &b.0, b.1));
+    all.truncate(k);
+    all
+}
+
+/// The window `[start, end)` a published list covers (all-time: everything before its last
+/// closed boundary).
+fn covered(p: &Published, cfg: &EngineConfig) -> (i64, i64) {
+    let r = &p.ranking;
+    match (r.window_start_ms, r.window_end_ms) {
+        (Some(s), Some(e)) => (s, e),
+        _ => {
+            let w = cfg.windows.iter().find(|w| w.name == r.window).unwrap();
+            (i64::MIN, closed_boundary(r.watermark_ms, w.bucket_ms))
+        }
+    }
+}
+
+fn run(cfg: &EngineConfig, events: &[Ev]) -> (Pipeline, Vec<Published>, Vec<Published>) {
+    let mut pipeline = Pipeline::new(cfg.clone()).unwrap();
+    let mut streaming = Vec::new();
+    for e in events {
+        pipeline.ingest_line(&e.json(&cfg.metric), NOW, &mut streaming);
+    }
+    let mut last = Vec::new();
+    pipeline.finish(NOW, &mut last);
+    (pipeline, streaming, last)
+}
+
+fn stream() -> impl Strategy<Value = (i64, Vec<Ev>)> {
+    (0i64..60, prop::collection::vec((-80i64..40, 0usize..3, 0usize..25, 1u64..4), 1..400)).prop_map(
+        |(lateness, steps)| {
+            let mut clock = 1_000_000i64;
+            let events = steps
+                .into_iter()
+                .map(|(dt, scope, key, cost)| {
+                    clock += dt.max(0) / 4; // time mostly moves forward, sometimes jumps back
+                    Ev {
+                        time_ms: clock + dt.min(0),
+                        scope: ["", "eu", "us"][scope].to_owned(),
+                        key: format!("k{:02}", key * key % 23),
+                        cost,
+                    }
+                })
+                .collect();
+            (lateness, events)
+        },
+    )
+}
+
+fn windows() -> impl Strategy<Value = Vec<WindowConfig>> {
+    (prop::sample::select(vec![5i64, 10, 25]), 1i64..6, prop::sample::select(vec![7i64, 20])).prop_map(
+        |(bucket, n, all_every)| {
+            vec![
+                WindowConfig::sliding("short", bucket * n, bucket),
+                WindowConfig::sliding("long", bucket * n * 4, bucket * 2),
+                WindowConfig::all_time("all", all_every),
+            ]
+        },
+    )
+}
+
+fn config(mode: Mode, shards: u32, k: usize, lateness: i64, windows: Vec<WindowConfig>) -> EngineConfig {
+    EngineConfig {
+        metric: "m".into(),
+        shards,
+        k,
+        mode,
+        allowed_lateness_ms: lateness,
+        max_future_skew_ms: 0,
+        max_key_bytes: 64,
+        windows,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+    #[test]
+    fn exact_mode_equals_the_oracle_for_every_published_list(
+        (lateness, events) in stream(),
+        windows in windows(),
+        shards in 1u32..5,
+        k in 1usize..6,
+    ) {
+        let cfg = config(Mode::Exact, shards, k, lateness, windows);
+        let good = accepted(&events, lateness);
+        let (pipeline, streaming, last) = run(&cfg, &events);
+        prop_assert_eq!(pipeline.accepted(), good.len() as u64);
+        let late = pipeline.rejected().get(&RejectReason::Late).copied().unwrap_or(0);
+        prop_assert_eq!(late as usize, events.len() - good.len());
+
+        for p in streaming.iter().chain(&last) {
+            let (start, end) = covered(p, &cfg);
+            let counts = oracle_counts(&good, start, end);
+            let want = counts.get(&p.ranking.scope).map(|c| oracle_top(c, k)).unwrap_or_default();
+            let got: Vec<(String, u64)> = p.ranking.items.iter().map(|i| (i.key.clone(), i.count)).collect();
+            prop_assert_eq!(&got, &want, "window {} scope {:?} [{}, {})", p.ranking.window, p.ranking.scope, start, end);
+            prop_assert_eq!(p.ranking.max_overcount, 0);
+        }
+
+        // At end of input every window ends at the first boundary after the newest event.
+        let max_t = good.iter().map(|e| e.time_ms).max().unwrap();
+        for w in &cfg.windows {
+            let end = boundary_after(max_t, w.bucket_ms);
+            let scopes = oracle_counts(&good, w.length_ms.map_or(i64::MIN, |l| end - l), end);
+            for (scope, counts) in &scopes {
+                let listed = last.iter().find(|p| p.ranking.window == w.name && &p.ranking.scope == scope);
+                prop_assert!(listed.is_some(), "no final list for {} {:?}", w.name, scope);
+                prop_assert_eq!(listed.unwrap().ranking.window_end_ms, w.length_ms.map(|_| end));
+                prop_assert_eq!(listed.unwrap().ranking.items.len(), counts.len().min(k));
+            }
+        }
+    }
+
+    #[test]
+    fn approximate_mode_never_under_counts_and_keeps_sure_winners(
+        (lateness, events) in stream(),
+        windows in windows(),
+        shards in 1u32..4,
+        k in 1usize..4,
+        epsilon in prop::sample::select(vec![0.001f64, 0.05, 0.2]),
+    ) {
+        let mode = Mode::Approximate(SketchParams { epsilon, delta: 0.05, candidates: 30 });
+        let cfg = config(mode, shards, k, lateness, windows);
+        let good = accepted(&events, lateness);
+        let (_, streaming, last) = run(&cfg, &events);
+        for p in streaming.iter().chain(&last) {
+            let (start, end) = covered(p, &cfg);
+            let counts = oracle_counts(&good, start, end);
+            let empty = BTreeMap::new();
+            let truth = counts.get(&p.ranking.scope).unwrap_or(&empty);
+            for item in &p.ranking.items {
+                let real = truth.get(&item.key).copied().unwrap_or(0);
+                prop_assert!(item.count >= real, "{} under-counted: {} < {}", item.key, item.count, real);
+            }
+            // Every key that beats the k-th true count by more than the bound must be listed.
+            let top = oracle_top(truth, k);
+            if top.len() == k {
+                let kth = top[k - 1].1;
+                for (key, count) in truth {
+                    if *count > kth + p.ranking.max_overcount {
+                        let listed = p.ranking.items.iter().any(|i| &i.key == key);
+                        prop_assert!(listed || *count <= kth + 2 * p.ranking.max_overcount,
+                            "sure winner {} ({}) missing", key, count);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The published bound holds for at least 1 - delta of the listed counts on a large stream.
+#[test]
+fn approximate_bound_violations_stay_under_delta() {
+    use rand::{RngExt, SeedableRng};
+    let delta = 0.05;
+    let mode = Mode::Approximate(SketchParams { epsilon: 0.002, delta, candidates: 200 });
+    let windows = vec![WindowConfig::sliding("w", 1_000, 100), WindowConfig::all_time("all", 500)];
+    let cfg = config(mode, 4, 100, 50, windows);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let zipf = rand_distr::Zipf::new(5_000.0, 1.1).unwrap();
+    let events: Vec<Ev> = (0..200_000)
+        .map(|i| Ev {
+            time_ms: i / 40,
+            scope: String::new(),
+            key: format!("key-{}", rng.sample(zipf) as u64),
+            cost: 1,
+        })
+        .collect();
+    let good = accepted(&events, 50);
+    let (_, streaming, last) = run(&cfg, &events);
+    let (mut items, mut violations) = (0u64, 0u64);
+    for p in streaming.iter().chain(&last) {
+        let (start, end) = covered(p, &cfg);
+        let counts = oracle_counts(&good, start, end);
+        let truth = &counts[""];
+        for item in &p.ranking.items {
+            let real = truth.get(&item.key).copied().unwrap_or(0);
+            assert!(item.count >= real, "under-count");
+            items += 1;
+            violations += u64::from(item.count > real + p.ranking.max_overcount);
+        }
+    }
+    let rate = violations as f64 / items as f64;
+    println!("bound violations: {violations} of {items} listed counts ({rate:.5})");
+    assert!(items > 5_000);
+    assert!(rate <= delta, "violation rate {rate} above delta {delta}");
+}
+
+#[test]
+fn rejections_are_counted_by_reason_and_never_stop_the_pipeline() {
+    let cfg = config(Mode::Exact, 2, 3, 10, vec![WindowConfig::sliding("w", 100, 10)]);
+    let mut p = Pipeline::new(cfg).unwrap();
+    let mut out = Vec::new();
+    let now = 10_000;
+    let lines = [
+        r#"{"event_time":1000,"metric":"m","key":"a"}"#,
+        "",
+        "   ",
+        "{oops",
+        r#"{"event_time":1000,"metric":"other","key":"a"}"#,
+        r#"{"event_time":1000,"metric":"m","key":"0123456789012345678901234567890123456789012345678901234567890123456789"}"#,
+        r#"{"event_time":20001,"metric":"m","key":"a"}"#,
+        r#"{"event_time":500,"metric":"m","key":"a"}"#,
+        r#"{"event_time":1001,"metric":"m","key":"a","cost":0}"#,
+        r#"{"event_time":1002,"metric":"m","key":"b"}"#,
+    ];
+    let outcomes: Vec<_> = lines.iter().map(|l| p.ingest_line(l, now, &mut out)).collect();
+    use IngestOutcome::*;
+    use RejectReason::*;
+    assert_eq!(
+        outcomes,
+        vec![
+            Accepted,
+            Blank,
+            Blank,
+            Rejected(InvalidJson),
+            Rejected(OtherMetric),
+            Rejected(OversizeKey),
+            Rejected(FutureTime),
+            Rejected(Late),
+            Rejected(InvalidCost),
+            Accepted
+        ]
+    );
+    assert_eq!(p.accepted(), 2);
+    assert_eq!(p.rejected().values().sum::<u64>(), 6);
+}
+
+#[test]
+fn exact_state_shrinks_when_keys_leave_every_window() {
+    let cfg = config(Mode::Exact, 1, 5, 0, vec![WindowConfig::sliding("w", 100, 10)]);
+    let mut p = Pipeline::new(cfg.clone()).unwrap();
+    let mut shard = topk_engine::shard::ShardCounter::new(&cfg, 0);
+    for i in 0..10_000 {
+        shard.add("", &format!("unique-{i}"), 1_000, 1);
+    }
+    shard.advance(1_010);
+    assert_eq!(shard.tracked_keys(), Some(10_000));
+    shard.add("", "late-comer", 5_000, 1);
+    shard.advance(5_010);
+    assert_eq!(shard.tracked_keys(), Some(1), "expired keys are released");
+    // and the pipeline still works after such churn
+    let mut out = Vec::new();
+    p.ingest_line(r#"{"event_time":1,"metric":"m","key":"a"}"#, NOW, &mut out);
+    p.finish(NOW, &mut out);
+    assert_eq!(out.last().unwrap().ranking.items[0].key, "a");
+}
+
+#[test]
+fn approximate_memory_stays_flat_under_a_flood_of_unique_keys() {
+    let mode = Mode::Approximate(SketchParams { epsilon: 0.001, delta: 0.01, candidates: 100 });
+    let cfg = config(mode, 1, 10, 0, vec![WindowConfig::sliding("w", 1_000, 100), WindowConfig::all_time("all", 100)]);
+    let mut shard = topk_engine::shard::ShardCounter::new(&cfg, 0);
+    let mut sizes = Vec::new();
+    for round in 0..4i64 {
+        for i in 0..50_000 {
+            shard.add("", &format!("flood-{round}-{i}"), round * 2_000 + i % 1_000, 1);
+        }
+        shard.advance(round * 2_000 + 1_000);
+        sizes.push(shard.state_bytes());
+    }
+    let (first, last) = (sizes[1], sizes[3]);
+    assert!(last <= first + first / 10, "state grew from {first} to {last} bytes: {sizes:?}");
+}
