@@ -21,7 +21,10 @@ impl Duration {
     }
 
     pub fn parse(input: &str) -> Result<Self, ApiError> {
-        let fail = |reason| ApiError::Duration { input: input.to_owned(), reason };
+        let fail = |reason| ApiError::Duration {
+            input: input.to_owned(),
+            reason,
+        };
         let text = input.trim();
         if text.is_empty() {
             return Err(fail("empty; write e.g. 10s, 5m, 1h"));
@@ -29,13 +32,19 @@ impl Duration {
         let mut total: i64 = 0;
         let mut rest = text;
         while !rest.is_empty() {
-            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
             if digits == 0 {
                 return Err(fail("expected a number before each unit"));
             }
-            let value: i64 = rest[..digits].parse().map_err(|_| fail("number too large"))?;
+            let value: i64 = rest[..digits]
+                .parse()
+                .map_err(|_| fail("number too large"))?;
             rest = &rest[digits..];
-            let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+            let unit_len = rest
+                .find(|c: char| c.is_ascii_digit())
+                .unwrap_or(rest.len());
             let unit = match &rest[..unit_len] {
                 "ms" => 1,
                 "s" => 1_000,
@@ -57,7 +66,13 @@ impl Duration {
 
 impl fmt::Display for Duration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms")];
+        let units = [
+            (86_400_000, "d"),
+            (3_600_000, "h"),
+            (60_000, "m"),
+            (1_000, "s"),
+            (1, "ms"),
+        ];
         if self.millis == 0 {
             return f.write_str("0s");
         }
@@ -91,7 +106,13 @@ mod tests {
 
     #[test]
     fn parses_units_and_sums_and_prints_back() {
-        for (text, ms) in [("500ms", 500), ("10s", 10_000), ("5m", 300_000), ("1h30m", 5_400_000), ("1d", 86_400_000)] {
+        for (text, ms) in [
+            ("500ms", 500),
+            ("10s", 10_000),
+            ("5m", 300_000),
+            ("1h30m", 5_400_000),
+            ("1d", 86_400_000),
+        ] {
             let d = Duration::parse(text).unwrap();
             assert_eq!(d.as_millis(), ms, "{text}");
             assert_eq!(d.to_string(), text);

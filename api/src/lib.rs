@@ -8,5 +8,5 @@ pub mod record;
 
 pub use duration::Duration;
 pub use error::ApiError;
-pub use manifest::{TopKMetric, TopKMetricSpec, load_manifest, DEFAULT_MANIFEST};
+pub use manifest::{DEFAULT_MANIFEST, TopKMetric, TopKMetricSpec, load_manifest};
 pub use record::{RankingIndexEntry, RankingRecord};

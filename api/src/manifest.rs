@@ -111,10 +111,14 @@ pub struct WindowSpec {
 /// Parses a YAML manifest and checks its header. Call [`TopKMetricSpec::engine_config`] to
 /// validate the spec.
 pub fn load_manifest(yaml: &str) -> Result<TopKMetric, ApiError> {
-    let metric: TopKMetric = serde_saphyr::from_str(yaml).map_err(|e| ApiError::Parse(e.to_string()))?;
+    let metric: TopKMetric =
+        serde_saphyr::from_str(yaml).map_err(|e| ApiError::Parse(e.to_string()))?;
     let mut problems = Vec::new();
     if metric.api_version != API_VERSION {
-        problems.push(format!("apiVersion must be {API_VERSION}, got {:?}", metric.api_version));
+        problems.push(format!(
+            "apiVersion must be {API_VERSION}, got {:?}",
+            metric.api_version
+        ));
     }
     if metric.kind != KIND {
         problems.push(format!("kind must be {KIND}, got {:?}", metric.kind));
@@ -152,14 +156,22 @@ impl TopKMetricSpec {
             }
             (ModeName::Exact, None) => Mode::Exact,
             (ModeName::Approximate, sketch) => {
-                let epsilon = sketch.as_ref().and_then(|s| s.epsilon).unwrap_or(DEFAULT_EPSILON);
-                let delta = sketch.as_ref().and_then(|s| s.delta).unwrap_or(DEFAULT_DELTA);
+                let epsilon = sketch
+                    .as_ref()
+                    .and_then(|s| s.epsilon)
+                    .unwrap_or(DEFAULT_EPSILON);
+                let delta = sketch
+                    .as_ref()
+                    .and_then(|s| s.delta)
+                    .unwrap_or(DEFAULT_DELTA);
                 let candidates = sketch
                     .as_ref()
                     .and_then(|s| s.candidates)
                     .unwrap_or(DEFAULT_CANDIDATES.max(self.k));
                 if !(epsilon > 0.0 && epsilon < 1.0) {
-                    problems.push(format!("spec.sketch.epsilon must be in (0, 1), got {epsilon}"));
+                    problems.push(format!(
+                        "spec.sketch.epsilon must be in (0, 1), got {epsilon}"
+                    ));
                 }
                 if !(delta > 0.0 && delta < 1.0) {
                     problems.push(format!("spec.sketch.delta must be in (0, 1), got {delta}"));
@@ -170,7 +182,11 @@ impl TopKMetricSpec {
                         self.k
                     ));
                 }
-                Mode::Approximate(SketchParams { epsilon, delta, candidates: candidates as usize })
+                Mode::Approximate(SketchParams {
+                    epsilon,
+                    delta,
+                    candidates: candidates as usize,
+                })
             }
         };
         let lateness = self.allowed_lateness.unwrap_or(DEFAULT_LATENESS);
@@ -188,7 +204,9 @@ impl TopKMetricSpec {
             }
             if w.all_time {
                 if w.length.is_some() {
-                    problems.push(format!("{at}: an allTime window has no length; remove length"));
+                    problems.push(format!(
+                        "{at}: an allTime window has no length; remove length"
+                    ));
                 }
                 let every = w.bucket.unwrap_or(DEFAULT_ALL_TIME_PUBLISH);
                 if every.as_millis() <= 0 {
@@ -198,7 +216,9 @@ impl TopKMetricSpec {
                 continue;
             }
             let (Some(length), Some(bucket)) = (w.length, w.bucket) else {
-                problems.push(format!("{at}: a sliding window needs both length and bucket (or set allTime: true)"));
+                problems.push(format!(
+                    "{at}: a sliding window needs both length and bucket (or set allTime: true)"
+                ));
                 continue;
             };
             if length.as_millis() <= 0 || bucket.as_millis() <= 0 {
@@ -206,14 +226,22 @@ impl TopKMetricSpec {
                 continue;
             }
             if length.as_millis() % bucket.as_millis() != 0 {
-                problems.push(format!("{at}: bucket {bucket} must divide length {length} evenly"));
+                problems.push(format!(
+                    "{at}: bucket {bucket} must divide length {length} evenly"
+                ));
                 continue;
             }
             if length.as_millis() / bucket.as_millis() > 10_000 {
-                problems.push(format!("{at}: {length} / {bucket} is over 10000 buckets; use a wider bucket"));
+                problems.push(format!(
+                    "{at}: {length} / {bucket} is over 10000 buckets; use a wider bucket"
+                ));
                 continue;
             }
-            windows.push(WindowConfig::sliding(&w.name, length.as_millis(), bucket.as_millis()));
+            windows.push(WindowConfig::sliding(
+                &w.name,
+                length.as_millis(),
+                bucket.as_millis(),
+            ));
         }
         if !problems.is_empty() {
             return Err(ApiError::Invalid(problems));
@@ -224,11 +252,18 @@ impl TopKMetricSpec {
             k: self.k as usize,
             mode,
             allowed_lateness_ms: lateness.as_millis(),
-            max_future_skew_ms: self.max_future_skew.unwrap_or(DEFAULT_FUTURE_SKEW).as_millis(),
-            max_key_bytes: self.max_key_bytes.map_or(DEFAULT_MAX_KEY_BYTES, |b| b as usize),
+            max_future_skew_ms: self
+                .max_future_skew
+                .unwrap_or(DEFAULT_FUTURE_SKEW)
+                .as_millis(),
+            max_key_bytes: self
+                .max_key_bytes
+                .map_or(DEFAULT_MAX_KEY_BYTES, |b| b as usize),
             windows,
         };
-        config.validate().map_err(|e| ApiError::Invalid(vec![e.to_string()]))?;
+        config
+            .validate()
+            .map_err(|e| ApiError::Invalid(vec![e.to_string()]))?;
         Ok(config)
     }
 }
@@ -261,14 +296,21 @@ spec:
         let cfg = m.spec.engine_config().unwrap();
         assert_eq!(cfg.shards, 64);
         assert_eq!(cfg.allowed_lateness_ms, 120_000);
-        assert_eq!(cfg.windows[1], WindowConfig::sliding("1h", 3_600_000, 60_000));
+        assert_eq!(
+            cfg.windows[1],
+            WindowConfig::sliding("1h", 3_600_000, 60_000)
+        );
         assert_eq!(cfg.windows[2].length_ms, None);
         assert!(matches!(cfg.mode, Mode::Approximate(p) if p.candidates == 1000));
     }
 
     #[test]
     fn the_embedded_default_is_valid() {
-        load_manifest(DEFAULT_MANIFEST).unwrap().spec.engine_config().unwrap();
+        load_manifest(DEFAULT_MANIFEST)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap();
     }
 
     #[test]
@@ -277,7 +319,12 @@ spec:
             .replace("k: 100", "k: 2000")
             .replace("bucket: 10s", "bucket: 7s")
             .replace("epsilon: 0.0001", "epsilon: 1.5");
-        let err = load_manifest(&bad).unwrap().spec.engine_config().unwrap_err().to_string();
+        let err = load_manifest(&bad)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap_err()
+            .to_string();
         for want in [
             "spec.sketch.epsilon must be in (0, 1)",
             "spec.sketch.candidates (1000) must be at least k (2000)",
@@ -290,12 +337,25 @@ spec:
     #[test]
     fn sketch_without_approximate_and_unknown_fields_are_rejected() {
         let exact = ISSUE_EXAMPLE.replace("mode: approximate", "mode: exact");
-        let err = load_manifest(&exact).unwrap().spec.engine_config().unwrap_err().to_string();
-        assert!(err.contains("spec.sketch is only allowed with mode: approximate"), "{err}");
+        let err = load_manifest(&exact)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("spec.sketch is only allowed with mode: approximate"),
+            "{err}"
+        );
         let typo = ISSUE_EXAMPLE.replace("allowedLateness", "allowedLatenes");
         let err = load_manifest(&typo).unwrap_err().to_string();
         assert!(err.contains("allowedLatenes"), "{err}");
         let header = ISSUE_EXAMPLE.replace("kind: TopKMetric", "kind: Deployment");
-        assert!(load_manifest(&header).unwrap_err().to_string().contains("kind must be TopKMetric"));
+        assert!(
+            load_manifest(&header)
+                .unwrap_err()
+                .to_string()
+                .contains("kind must be TopKMetric")
+        );
     }
 }

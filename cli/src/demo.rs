@@ -20,7 +20,9 @@ use crate::server;
 const DEMO_MANIFEST: &str = include_str!("demo-metric.yaml");
 const TRENDING: &str = "GET /v1/tickets/final-2026";
 const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
-const RESOURCES: [&str; 8] = ["users", "orders", "products", "carts", "search", "reviews", "images", "sessions"];
+const RESOURCES: [&str; 8] = [
+    "users", "orders", "products", "carts", "search", "reviews", "images", "sessions",
+];
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -57,7 +59,12 @@ struct Generator {
 impl Generator {
     fn new(seed: u64) -> Result<Self, CliError> {
         let zipf = Zipf::new(5_000.0, 1.1).map_err(|e| CliError::Usage(e.to_string()))?;
-        Ok(Self { rng: StdRng::seed_from_u64(seed), zipf, started: Instant::now(), seq: 0 })
+        Ok(Self {
+            rng: StdRng::seed_from_u64(seed),
+            zipf,
+            started: Instant::now(),
+            seq: 0,
+        })
     }
 
     fn trending_share(&self) -> f64 {
@@ -94,16 +101,22 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     let mut ingestor = Ingestor::new(Pipeline::new(cfg)?, state.clone());
     let (listener, addr) = server::bind(&args.listen).await?;
     tracing::info!("demo: query API listening on http://{addr}");
-    println!("topk demo: {} requests/s; try  curl 'http://{addr}/v1/rankings/api_requests?window=1m&k=5'", args.rate);
+    println!(
+        "topk demo: {} requests/s; try  curl 'http://{addr}/v1/rankings/api_requests?window=1m&k=5'",
+        args.rate
+    );
     let server = tokio::spawn(server::serve(listener, state.clone()));
 
     let mut generator = Generator::new(args.seed)?;
     let tick = StdDuration::from_millis(100);
     let per_tick = (args.rate / 10).max(1);
     let mut ticker = tokio::time::interval(tick);
-    let mut printer = tokio::time::interval(StdDuration::from_millis(args.every.as_millis().max(100) as u64));
-    let stop_at = (args.duration.as_millis() > 0)
-        .then(|| tokio::time::Instant::now() + StdDuration::from_millis(args.duration.as_millis() as u64));
+    let mut printer = tokio::time::interval(StdDuration::from_millis(
+        args.every.as_millis().max(100) as u64,
+    ));
+    let stop_at = (args.duration.as_millis() > 0).then(|| {
+        tokio::time::Instant::now() + StdDuration::from_millis(args.duration.as_millis() as u64)
+    });
     let mut lines = Vec::with_capacity(per_tick as usize * 2);
     let mut printed_version = 0;
     loop {

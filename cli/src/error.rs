@@ -3,13 +3,19 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum CliError {
     #[error("cannot read {path}: {source}")]
-    ReadFile { path: String, source: std::io::Error },
+    ReadFile {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Manifest(#[from] topk_api::ApiError),
     #[error("{0}")]
     Engine(#[from] topk_engine::EngineError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("input error: {0}")]
     Input(std::io::Error),
     #[error("server error: {0}")]

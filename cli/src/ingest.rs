@@ -11,7 +11,9 @@ use crate::metrics::WindowLabel;
 use crate::server::AppState;
 
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 pub struct Ingestor {
@@ -22,7 +24,11 @@ pub struct Ingestor {
 
 impl Ingestor {
     pub fn new(pipeline: Pipeline, state: Arc<AppState>) -> Self {
-        Self { pipeline, state, published: Vec::new() }
+        Self {
+            pipeline,
+            state,
+            published: Vec::new(),
+        }
     }
 
     pub fn pipeline(&self) -> &Pipeline {
@@ -41,7 +47,9 @@ impl Ingestor {
     /// Input that cannot even be read as text.
     pub fn unreadable(&mut self) {
         self.pipeline.record_rejection(RejectReason::InvalidJson);
-        self.state.metrics.record(IngestOutcome::Rejected(RejectReason::InvalidJson));
+        self.state
+            .metrics
+            .record(IngestOutcome::Rejected(RejectReason::InvalidJson));
     }
 
     pub fn finish(&mut self, now_ms: i64) {
@@ -52,10 +60,17 @@ impl Ingestor {
     fn flush(&mut self) {
         let metrics = &self.state.metrics;
         for p in &self.published {
-            metrics.rankings_published.get_or_create(&WindowLabel { window: p.ranking.window.clone() }).inc();
+            metrics
+                .rankings_published
+                .get_or_create(&WindowLabel {
+                    window: p.ranking.window.clone(),
+                })
+                .inc();
         }
         if let Some(last) = self.published.last() {
-            metrics.watermark_seconds.set(last.ranking.watermark_ms as f64 / 1000.0);
+            metrics
+                .watermark_seconds
+                .set(last.ranking.watermark_ms as f64 / 1000.0);
         }
         metrics.state_bytes.set(self.pipeline.state_bytes() as i64);
         self.state.store.publish(&self.published);

@@ -12,7 +12,11 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "topk", version, about = "Sliding-window Top-K: which keys have the largest counts")]
+#[command(
+    name = "topk",
+    version,
+    about = "Sliding-window Top-K: which keys have the largest counts"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,7 +33,9 @@ enum Command {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

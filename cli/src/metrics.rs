@@ -35,7 +35,11 @@ impl Metrics {
         let watermark_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         let state_bytes = Gauge::default();
         registry.register("events_accepted", "Events counted", events_accepted.clone());
-        registry.register("events_rejected", "Events not counted, by reason", events_rejected.clone());
+        registry.register(
+            "events_rejected",
+            "Events not counted, by reason",
+            events_rejected.clone(),
+        );
         registry.register(
             "rankings_published",
             "Ranking lists published, by window",
@@ -46,10 +50,16 @@ impl Metrics {
             "Event time (Unix seconds) up to which input is complete",
             watermark_seconds.clone(),
         );
-        registry.register("state_bytes", "Heap bytes held by counting state", state_bytes.clone());
+        registry.register(
+            "state_bytes",
+            "Heap bytes held by counting state",
+            state_bytes.clone(),
+        );
         // Every reason appears from the start, so alerts see 0 rather than no series.
         for reason in RejectReason::ALL {
-            let _ = events_rejected.get_or_create(&ReasonLabel { reason: reason.as_str() });
+            let _ = events_rejected.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            });
         }
         Self {
             registry,
@@ -67,7 +77,11 @@ impl Metrics {
                 self.events_accepted.inc();
             }
             IngestOutcome::Rejected(reason) => {
-                self.events_rejected.get_or_create(&ReasonLabel { reason: reason.as_str() }).inc();
+                self.events_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: reason.as_str(),
+                    })
+                    .inc();
             }
             IngestOutcome::Blank => {}
         }

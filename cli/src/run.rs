@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use topk_api::{RankingRecord, load_manifest, DEFAULT_MANIFEST};
+use topk_api::{DEFAULT_MANIFEST, RankingRecord, load_manifest};
 use topk_engine::{EngineConfig, Pipeline};
 
 use crate::error::CliError;
@@ -54,8 +54,10 @@ struct RunReport {
 /// Loads and validates a manifest (or the embedded default).
 pub fn load_config(file: Option<&PathBuf>) -> Result<(String, EngineConfig), CliError> {
     let text = match file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|source| CliError::ReadFile { path: path.display().to_string(), source })?,
+        Some(path) => std::fs::read_to_string(path).map_err(|source| CliError::ReadFile {
+            path: path.display().to_string(),
+            source,
+        })?,
         None => DEFAULT_MANIFEST.to_owned(),
     };
     let manifest = load_manifest(&text)?;
@@ -84,9 +86,10 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
 
     let input = args.input.clone();
     let ingest_state = state.clone();
-    let ingestor = tokio::task::spawn_blocking(move || ingest(&input, Ingestor::new(pipeline, ingest_state)))
-        .await
-        .map_err(|e| CliError::Input(std::io::Error::other(e)))??;
+    let ingestor =
+        tokio::task::spawn_blocking(move || ingest(&input, Ingestor::new(pipeline, ingest_state)))
+            .await
+            .map_err(|e| CliError::Input(std::io::Error::other(e)))??;
 
     if args.exit_at_end {
         report(&ingestor, &state, args.output);
@@ -103,7 +106,10 @@ fn ingest(input: &str, mut ingestor: Ingestor) -> Result<Ingestor, CliError> {
     let reader: Box<dyn Read + Send> = if input == "-" {
         Box::new(std::io::stdin())
     } else {
-        Box::new(File::open(input).map_err(|source| CliError::ReadFile { path: input.to_owned(), source })?)
+        Box::new(File::open(input).map_err(|source| CliError::ReadFile {
+            path: input.to_owned(),
+            source,
+        })?)
     };
     let mut reader = BufReader::with_capacity(1 << 20, reader);
     let mut buf = Vec::with_capacity(4096);
@@ -113,13 +119,17 @@ fn ingest(input: &str, mut ingestor: Ingestor) -> Result<Ingestor, CliError> {
     let mut now = now_ms();
     loop {
         buf.clear();
-        if reader.read_until(b'\n', &mut buf).map_err(CliError::Input)? == 0 {
+        if reader
+            .read_until(b'\n', &mut buf)
+            .map_err(CliError::Input)?
+            == 0
+        {
             break;
         }
         lines += 1;
-        if lines % 1024 == 0 {
+        if lines.is_multiple_of(1024) {
             now = now_ms();
-            if lines % (1 << 16) == 0 && last_report.elapsed().as_secs() >= 2 {
+            if lines.is_multiple_of(1 << 16) && last_report.elapsed().as_secs() >= 2 {
                 last_report = Instant::now();
                 progress(&ingestor, lines, started);
             }
@@ -158,25 +168,47 @@ fn report(ingestor: &Ingestor, state: &AppState, output: OutputFormat) {
                 accepted: p.accepted(),
                 rejected: p.rejected().iter().map(|(r, n)| (r.as_str(), *n)).collect(),
             };
-            println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).unwrap_or_default()
+            );
         }
         OutputFormat::Table => {
             for r in &rankings {
                 print_table(r, 10);
             }
-            let rejected: Vec<String> = p.rejected().iter().map(|(r, n)| format!("{r}={n}")).collect();
-            println!("accepted {}, rejected {}", p.accepted(), if rejected.is_empty() { "0".into() } else { rejected.join(" ") });
+            let rejected: Vec<String> = p
+                .rejected()
+                .iter()
+                .map(|(r, n)| format!("{r}={n}"))
+                .collect();
+            println!(
+                "accepted {}, rejected {}",
+                p.accepted(),
+                if rejected.is_empty() {
+                    "0".into()
+                } else {
+                    rejected.join(" ")
+                }
+            );
         }
     }
 }
 
 pub fn print_table(r: &RankingRecord, limit: usize) {
-    let scope = if r.scope.is_empty() { "(global)" } else { r.scope.as_str() };
+    let scope = if r.scope.is_empty() {
+        "(global)"
+    } else {
+        r.scope.as_str()
+    };
     let span = match (&r.window_start, &r.window_end) {
         (Some(s), Some(e)) => format!("[{s}, {e})"),
         _ => "all time".to_owned(),
     };
-    println!("{} / {scope}  {span}  {}  v{}  max over-count {}", r.window, r.mode, r.version, r.max_overcount);
+    println!(
+        "{} / {scope}  {span}  {}  v{}  max over-count {}",
+        r.window, r.mode, r.version, r.max_overcount
+    );
     for item in r.items.iter().take(limit) {
         println!("  {:>4}  {:>12}  {}", item.rank, item.count, item.key);
     }

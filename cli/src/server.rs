@@ -36,14 +36,19 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Binds before anything else runs, so a bad address fails fast and `:0` resolves.
 pub async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), CliError> {
-    let bind_err = |source| CliError::Bind { addr: addr.to_owned(), source };
+    let bind_err = |source| CliError::Bind {
+        addr: addr.to_owned(),
+        source,
+    };
     let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
     let local = listener.local_addr().map_err(bind_err)?;
     Ok((listener, local))
 }
 
 pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> Result<(), CliError> {
-    axum::serve(listener, router(state)).await.map_err(CliError::Serve)
+    axum::serve(listener, router(state))
+        .await
+        .map_err(CliError::Serve)
 }
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -62,7 +67,10 @@ async fn ranking(
     if metric != state.metric {
         return error(
             StatusCode::NOT_FOUND,
-            format!("unknown metric {metric:?}; this server ranks {:?}", state.metric),
+            format!(
+                "unknown metric {metric:?}; this server ranks {:?}",
+                state.metric
+            ),
         );
     }
     let window = match params.get("window") {
@@ -97,7 +105,10 @@ async fn ranking(
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.encode(),
     )
         .into_response()

@@ -15,11 +15,17 @@ pub struct RankingStore {
 
 impl RankingStore {
     pub fn new(window_order: Vec<String>) -> Self {
-        Self { latest: RwLock::default(), window_order }
+        Self {
+            latest: RwLock::default(),
+            window_order,
+        }
     }
 
     fn position(&self, window: &str) -> usize {
-        self.window_order.iter().position(|w| w == window).unwrap_or(usize::MAX)
+        self.window_order
+            .iter()
+            .position(|w| w == window)
+            .unwrap_or(usize::MAX)
     }
 
     pub fn publish(&self, published: &[Published]) {
@@ -35,7 +41,9 @@ impl RankingStore {
 
     pub fn get(&self, window: &str, scope: &str) -> Option<RankingRecord> {
         let latest = self.latest.read().unwrap_or_else(|e| e.into_inner());
-        latest.get(&(self.position(window), scope.to_owned())).cloned()
+        latest
+            .get(&(self.position(window), scope.to_owned()))
+            .cloned()
     }
 
     pub fn all(&self) -> Vec<RankingRecord> {

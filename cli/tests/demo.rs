@@ -10,7 +10,15 @@ use serde_json::Value;
 
 #[test]
 fn demo_serves_and_prints_a_moving_top_five() {
-    let mut server = spawn(&["demo", "--rate", "5000", "--every", "1s", "--duration", "120s"]);
+    let mut server = spawn(&[
+        "demo",
+        "--rate",
+        "5000",
+        "--every",
+        "1s",
+        "--duration",
+        "120s",
+    ]);
     let url = format!("{}/v1/rankings/api_requests?window=1m&k=5", server.base);
     let first: Value = await_some("a first 1m list", Duration::from_secs(60), || {
         let (status, body) = get(&url);
@@ -23,7 +31,10 @@ fn demo_serves_and_prints_a_moving_top_five() {
         let v: Value = serde_json::from_str(&body).ok()?;
         (v["version"].as_u64()? > version).then_some(())
     });
-    let (_, regional) = get(&format!("{}/v1/rankings/api_requests?window=1m&scope=eu-west", server.base));
+    let (_, regional) = get(&format!(
+        "{}/v1/rankings/api_requests?window=1m&scope=eu-west",
+        server.base
+    ));
     assert!(regional.contains("\"items\""), "{regional}");
 
     let stdout = server.child.stdout.take().unwrap();

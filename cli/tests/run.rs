@@ -24,7 +24,9 @@ spec:
 "#;
 
 fn event(t: &str, key: &str, scope: &str, cost: u64) -> String {
-    format!(r#"{{"event_id":"{key}{t}","event_time":"2026-09-01T19:{t}Z","metric":"clicks","scope":"{scope}","key":"{key}","cost":{cost}}}"#)
+    format!(
+        r#"{{"event_id":"{key}{t}","event_time":"2026-09-01T19:{t}Z","metric":"clicks","scope":"{scope}","key":"{key}","cost":{cost}}}"#
+    )
 }
 
 /// Writes the manifest and an input with known answers; returns (dir, manifest, input).
@@ -63,7 +65,12 @@ fn items(record: &Value) -> Vec<(String, u64)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|i| (i["key"].as_str().unwrap().to_owned(), i["count"].as_u64().unwrap()))
+        .map(|i| {
+            (
+                i["key"].as_str().unwrap().to_owned(),
+                i["count"].as_u64().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -75,22 +82,40 @@ fn pairs(v: &[(&str, u64)]) -> Vec<(String, u64)> {
 fn exit_at_end_prints_every_list_and_the_rejections() {
     let (_dir, manifest, input) = fixture();
     let out = topk()
-        .args(["run", "--file", &manifest, "--input", &input, "--listen", "127.0.0.1:0"])
+        .args([
+            "run",
+            "--file",
+            &manifest,
+            "--input",
+            &input,
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .args(["--exit-at-end", "--output", "json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["accepted"], 8);
     let rejected = &doc["rejected"];
-    assert_eq!(rejected["invalid_json"], 2, "broken line and non-UTF-8 line");
+    assert_eq!(
+        rejected["invalid_json"], 2,
+        "broken line and non-UTF-8 line"
+    );
     assert_eq!(rejected["invalid_cost"], 1);
     assert_eq!(rejected["other_metric"], 1);
     assert_eq!(rejected["late"], 1);
 
     let rankings = doc["rankings"].as_array().unwrap();
     let find = |window: &str, scope: &str| {
-        rankings.iter().find(|r| r["window"] == window && r["scope"] == scope).unwrap()
+        rankings
+            .iter()
+            .find(|r| r["window"] == window && r["scope"] == scope)
+            .unwrap()
     };
     // Latest event 19:01:25 -> the 1m window ends at 19:01:30 and covers [19:00:30, 19:01:30).
     let one_minute = find("1m", "");
@@ -116,13 +141,24 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
         (status == 200).then(|| serde_json::from_str(&body).unwrap())
     });
     assert_eq!(items(&record), pairs(&[("a", 5), ("b", 3)]));
-    for field in ["asOf", "watermark", "version", "windowStart", "windowEnd", "metric", "scope"] {
+    for field in [
+        "asOf",
+        "watermark",
+        "version",
+        "windowStart",
+        "windowEnd",
+        "metric",
+        "scope",
+    ] {
         assert!(record.get(field).is_some(), "missing {field}");
     }
 
     let (status, body) = get(&format!("{base}/v1/rankings/clicks?window=all&scope=eu"));
     assert_eq!(status, 200, "{body}");
-    assert_eq!(items(&serde_json::from_str(&body).unwrap()), pairs(&[("d", 1)]));
+    assert_eq!(
+        items(&serde_json::from_str(&body).unwrap()),
+        pairs(&[("d", 1)])
+    );
 
     let (status, body) = get(&format!("{base}/v1/rankings"));
     assert_eq!(status, 200);
@@ -134,7 +170,11 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
         ("/v1/rankings/clicks?window=5m", 400, "unknown window"),
         ("/v1/rankings/clicks?window=1m&k=0", 400, "k must be"),
         ("/v1/rankings/clicks?window=1m&k=4", 400, "between 1 and 3"),
-        ("/v1/rankings/clicks?window=1m&scope=mars", 404, "no ranking published yet"),
+        (
+            "/v1/rankings/clicks?window=1m&scope=mars",
+            404,
+            "no ranking published yet",
+        ),
     ];
     for (path, want_status, want_text) in cases {
         let (status, body) = get(&format!("{base}{path}"));
@@ -144,8 +184,14 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
 
     let (status, metrics) = get(&format!("{base}/metrics"));
     assert_eq!(status, 200);
-    assert!(metrics.contains("topk_events_accepted_total 8"), "{metrics}");
-    assert!(metrics.contains(r#"topk_events_rejected_total{reason="late"} 1"#), "{metrics}");
+    assert!(
+        metrics.contains("topk_events_accepted_total 8"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"topk_events_rejected_total{reason="late"} 1"#),
+        "{metrics}"
+    );
     assert!(metrics.contains(r#"topk_events_rejected_total{reason="oversize_key"} 0"#));
     assert_eq!(get(&format!("{base}/healthz")).0, 200);
 }
@@ -156,19 +202,36 @@ fn invalid_manifest_fails_with_the_field_to_fix() {
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, MANIFEST.replace("bucket: 10s", "bucket: 7s")).unwrap();
     let out = topk()
-        .args(["run", "--file", path.to_str().unwrap(), "--input", "/dev/null", "--exit-at-end"])
+        .args([
+            "run",
+            "--file",
+            path.to_str().unwrap(),
+            "--input",
+            "/dev/null",
+            "--exit-at-end",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("spec.windows[0] (\"1m\"): bucket 7s must divide length 1m"), "{stderr}");
+    assert!(
+        stderr.contains("spec.windows[0] (\"1m\"): bucket 7s must divide length 1m"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn reads_stdin_with_the_embedded_default_manifest() {
     use std::process::Stdio;
     let mut child = topk()
-        .args(["run", "--listen", "127.0.0.1:0", "--exit-at-end", "--output", "json"])
+        .args([
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--exit-at-end",
+            "--output",
+            "json",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -176,7 +239,12 @@ fn reads_stdin_with_the_embedded_default_manifest() {
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     for i in 0..3 {
-        writeln!(stdin, r#"{{"event_time":{},"metric":"api_requests","key":"GET /"}}"#, 1_000 + i).unwrap();
+        writeln!(
+            stdin,
+            r#"{{"event_time":{},"metric":"api_requests","key":"GET /"}}"#,
+            1_000 + i
+        )
+        .unwrap();
     }
     drop(stdin);
     let out = child.wait_with_output().unwrap();

@@ -68,7 +68,14 @@ impl ApproxWindow {
     }
 
     #[inline]
-    pub(crate) fn add(&mut self, time_ms: i64, scope: u32, hash: u64, key: &str, cost: u64) -> bool {
+    pub(crate) fn add(
+        &mut self,
+        time_ms: i64,
+        scope: u32,
+        hash: u64,
+        key: &str,
+        cost: u64,
+    ) -> bool {
         let idx = bucket_index(time_ms, self.bucket_ms);
         if idx < self.closed_through {
             return false;
@@ -77,9 +84,17 @@ impl ApproxWindow {
         let bucket = open_bucket(
             &mut self.open,
             idx,
-            || spare.pop().unwrap_or_else(|| CountMinSketch::new(width, depth)),
+            || {
+                spare
+                    .pop()
+                    .unwrap_or_else(|| CountMinSketch::new(width, depth))
+            },
             |b| b.idx,
-            |idx, sketch| ApproxBucket { idx, sketch, candidates: Vec::new() },
+            |idx, sketch| ApproxBucket {
+                idx,
+                sketch,
+                candidates: Vec::new(),
+            },
         );
         let estimate = bucket.sketch.add(hash, cost);
         let scope = scope as usize;
@@ -99,7 +114,9 @@ impl ApproxWindow {
         }
         self.closed_through = end_idx;
         while self.open.front().is_some_and(|b| b.idx < end_idx) {
-            let Some(bucket) = self.open.pop_front() else { break };
+            let Some(bucket) = self.open.pop_front() else {
+                break;
+            };
             self.window.merge_from(&bucket.sketch);
             if self.span.is_some() {
                 self.closed.push_back(bucket);
@@ -110,7 +127,9 @@ impl ApproxWindow {
         }
         if let Some(span) = self.span {
             while self.closed.front().is_some_and(|b| b.idx < end_idx - span) {
-                let Some(bucket) = self.closed.pop_front() else { break };
+                let Some(bucket) = self.closed.pop_front() else {
+                    break;
+                };
                 self.window.subtract(&bucket.sketch);
                 self.recycle(bucket);
             }
@@ -150,7 +169,9 @@ impl ApproxWindow {
             })
             .filter(|s| s.2 > 0)
             .collect();
-        top_k(scored, self.capacity, |a, b| rank_order(&a.1, a.2, &b.1, b.2))
+        top_k(scored, self.capacity, |a, b| {
+            rank_order(&a.1, a.2, &b.1, b.2)
+        })
     }
 
     /// The top candidates of each scope (by scope id) for the closed window.
@@ -162,15 +183,28 @@ impl ApproxWindow {
                 .enumerate()
                 .filter(|(_, v)| !v.is_empty())
                 .map(|(scope, v)| {
-                    (scope as u32, self.rescore(v.iter().map(|(h, k, _)| (*h, k.clone()))))
+                    (
+                        scope as u32,
+                        self.rescore(v.iter().map(|(h, k, _)| (*h, k.clone()))),
+                    )
                 })
                 .collect();
         }
-        let scopes = self.closed.iter().map(|b| b.candidates.len()).max().unwrap_or(0);
+        let scopes = self
+            .closed
+            .iter()
+            .map(|b| b.candidates.len())
+            .max()
+            .unwrap_or(0);
         (0..scopes)
             .filter_map(|scope| {
-                let keys = self.closed.iter().filter_map(|b| b.candidates.get(scope)?.as_ref());
-                let mut union = keys.flat_map(|set| set.iter().map(|c| (c.hash, c.key.clone()))).peekable();
+                let keys = self
+                    .closed
+                    .iter()
+                    .filter_map(|b| b.candidates.get(scope)?.as_ref());
+                let mut union = keys
+                    .flat_map(|set| set.iter().map(|c| (c.hash, c.key.clone())))
+                    .peekable();
                 union.peek()?;
                 let top = self.rescore(union);
                 (!top.is_empty()).then_some((scope as u32, top))
@@ -181,12 +215,25 @@ impl ApproxWindow {
     pub(crate) fn heap_bytes(&self) -> usize {
         let bucket = |b: &ApproxBucket| {
             b.sketch.heap_bytes()
-                + b.candidates.iter().flatten().map(CandidateSet::heap_bytes).sum::<usize>()
+                + b.candidates
+                    .iter()
+                    .flatten()
+                    .map(CandidateSet::heap_bytes)
+                    .sum::<usize>()
         };
         self.open.iter().map(bucket).sum::<usize>()
             + self.closed.iter().map(bucket).sum::<usize>()
             + self.window.heap_bytes()
-            + self.spare.iter().map(CountMinSketch::heap_bytes).sum::<usize>()
-            + self.retained.iter().flatten().map(|s| s.1.capacity() + 40).sum::<usize>()
+            + self
+                .spare
+                .iter()
+                .map(CountMinSketch::heap_bytes)
+                .sum::<usize>()
+            + self
+                .retained
+                .iter()
+                .flatten()
+                .map(|s| s.1.capacity() + 40)
+                .sum::<usize>()
     }
 }

@@ -22,7 +22,12 @@ pub struct CandidateSet {
 
 impl CandidateSet {
     pub fn new(capacity: usize) -> Self {
-        Self { capacity: capacity.max(1), slots: Vec::new(), heap: Vec::new(), index: HashTable::new() }
+        Self {
+            capacity: capacity.max(1),
+            slots: Vec::new(),
+            heap: Vec::new(),
+            index: HashTable::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -47,6 +52,12 @@ impl CandidateSet {
     /// Records that the key now has estimate `count` (never lower than a previous offer).
     #[inline]
     pub fn offer(&mut self, hash: u64, key: &str, count: u64) {
+        // Full and not above the minimum: a member's estimate only grows and is already at
+        // least the minimum, so there is nothing to update or admit. Skipping the lookup makes
+        // the long tail of a skewed stream cheap.
+        if self.slots.len() == self.capacity && count <= self.count_at(0) {
+            return;
+        }
         let slots = &self.slots;
         if let Some(&slot) = self.index.find(hash, |&s| {
             let c = &slots[s as usize];
@@ -62,10 +73,16 @@ impl CandidateSet {
         }
         if self.slots.len() < self.capacity {
             let slot = self.slots.len() as u32;
-            self.slots.push(Candidate { hash, count, key: key.to_owned(), heap_pos: slot });
+            self.slots.push(Candidate {
+                hash,
+                count,
+                key: key.to_owned(),
+                heap_pos: slot,
+            });
             self.heap.push(slot);
             let slots = &self.slots;
-            self.index.insert_unique(hash, slot, |&s| slots[s as usize].hash);
+            self.index
+                .insert_unique(hash, slot, |&s| slots[s as usize].hash);
             self.sift_up(slot as usize);
             return;
         }
@@ -84,7 +101,8 @@ impl CandidateSet {
         c.hash = hash;
         c.count = count;
         let slots = &self.slots;
-        self.index.insert_unique(hash, root, |&s| slots[s as usize].hash);
+        self.index
+            .insert_unique(hash, root, |&s| slots[s as usize].hash);
         self.sift_down(0);
     }
 
@@ -117,8 +135,11 @@ impl CandidateSet {
                 break;
             }
             let right = left + 1;
-            let smaller =
-                if right < n && self.count_at(right) < self.count_at(left) { right } else { left };
+            let smaller = if right < n && self.count_at(right) < self.count_at(left) {
+                right
+            } else {
+                left
+            };
             if self.count_at(smaller) >= self.count_at(pos) {
                 break;
             }
@@ -137,7 +158,15 @@ mod tests {
     fn keeps_the_heaviest_keys() {
         let mut set = CandidateSet::new(3);
         let mut counts = std::collections::HashMap::new();
-        for (key, cost) in [("a", 5), ("b", 1), ("c", 2), ("d", 7), ("b", 1), ("e", 1), ("c", 4)] {
+        for (key, cost) in [
+            ("a", 5),
+            ("b", 1),
+            ("c", 2),
+            ("d", 7),
+            ("b", 1),
+            ("e", 1),
+            ("c", 4),
+        ] {
             let count = counts.entry(key).or_insert(0u64);
             *count += cost;
             set.offer(key_hash(0, key), key, *count);

@@ -42,11 +42,19 @@ pub struct WindowConfig {
 
 impl WindowConfig {
     pub fn sliding(name: &str, length_ms: i64, bucket_ms: i64) -> Self {
-        Self { name: name.to_owned(), length_ms: Some(length_ms), bucket_ms }
+        Self {
+            name: name.to_owned(),
+            length_ms: Some(length_ms),
+            bucket_ms,
+        }
     }
 
     pub fn all_time(name: &str, publish_every_ms: i64) -> Self {
-        Self { name: name.to_owned(), length_ms: None, bucket_ms: publish_every_ms }
+        Self {
+            name: name.to_owned(),
+            length_ms: None,
+            bucket_ms: publish_every_ms,
+        }
     }
 
     /// Number of buckets a sliding window spans; `None` for all-time.
@@ -92,7 +100,10 @@ impl EngineConfig {
         }
         if let Mode::Approximate(p) = self.mode {
             if !(p.epsilon > 0.0 && p.epsilon < 1.0) {
-                return fail(format!("sketch.epsilon must be in (0, 1), got {}", p.epsilon));
+                return fail(format!(
+                    "sketch.epsilon must be in (0, 1), got {}",
+                    p.epsilon
+                ));
             }
             if !(p.delta > 0.0 && p.delta < 1.0) {
                 return fail(format!("sketch.delta must be in (0, 1), got {}", p.delta));

@@ -159,7 +159,11 @@ impl<'de> Deserialize<'de> for TimeField {
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<TimeField, E> {
                 let integral = v.fract() == 0.0 && v.abs() < 9.0e15;
-                Ok(if integral { TimeField::Millis(v as i64) } else { TimeField::Invalid })
+                Ok(if integral {
+                    TimeField::Millis(v as i64)
+                } else {
+                    TimeField::Invalid
+                })
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<TimeField, E> {
                 Ok(parse_rfc3339_ms(v).map_or(TimeField::Invalid, TimeField::Millis))
@@ -175,7 +179,10 @@ impl<'de> Deserialize<'de> for TimeField {
                 Ok(TimeField::Invalid)
             }
             fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<TimeField, A::Error> {
-                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
                 Ok(TimeField::Invalid)
             }
         }
@@ -198,14 +205,25 @@ impl<'de> Deserialize<'de> for CostField {
                 f.write_str("a positive integer")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<CostField, E> {
-                Ok(if v > 0 { CostField::Valid(v) } else { CostField::Invalid })
+                Ok(if v > 0 {
+                    CostField::Valid(v)
+                } else {
+                    CostField::Invalid
+                })
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<CostField, E> {
-                Ok(u64::try_from(v).ok().filter(|c| *c > 0).map_or(CostField::Invalid, CostField::Valid))
+                Ok(u64::try_from(v)
+                    .ok()
+                    .filter(|c| *c > 0)
+                    .map_or(CostField::Invalid, CostField::Valid))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<CostField, E> {
-                let integral = v.fract() == 0.0 && v >= 1.0 && v < 9.0e15;
-                Ok(if integral { CostField::Valid(v as u64) } else { CostField::Invalid })
+                let integral = v.fract() == 0.0 && (1.0..9.0e15).contains(&v);
+                Ok(if integral {
+                    CostField::Valid(v as u64)
+                } else {
+                    CostField::Invalid
+                })
             }
             fn visit_str<E: de::Error>(self, _: &str) -> Result<CostField, E> {
                 Ok(CostField::Invalid)
@@ -221,7 +239,10 @@ impl<'de> Deserialize<'de> for CostField {
                 Ok(CostField::Invalid)
             }
             fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<CostField, A::Error> {
-                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
                 Ok(CostField::Invalid)
             }
         }
@@ -269,7 +290,10 @@ mod tests {
     fn parses_full_event_with_rfc3339_time() {
         let e = parse(r#"{"event_id":"e1","event_time":"2026-09-01T19:00:00.5Z","metric":"m","scope":"eu","key":"a","cost":3}"#).unwrap();
         assert_eq!(e.time_ms, 1_788_289_200_500);
-        assert_eq!((e.metric.as_ref(), e.scope.as_ref(), e.key.as_ref(), e.cost), ("m", "eu", "a", 3));
+        assert_eq!(
+            (e.metric.as_ref(), e.scope.as_ref(), e.key.as_ref(), e.cost),
+            ("m", "eu", "a", 3)
+        );
         assert_eq!(e.event_id.as_deref(), Some("e1"));
     }
 
@@ -292,15 +316,39 @@ mod tests {
             ("not json", RejectReason::InvalidJson),
             (r#"{"event_time":1,"key":"k"}"#, RejectReason::MissingMetric),
             (r#"{"event_time":1,"metric":"m"}"#, RejectReason::MissingKey),
-            (r#"{"event_time":1,"metric":"m","key":""}"#, RejectReason::MissingKey),
-            (r#"{"event_time":1,"metric":"m","key":"0123456789abcdefX"}"#, RejectReason::OversizeKey),
+            (
+                r#"{"event_time":1,"metric":"m","key":""}"#,
+                RejectReason::MissingKey,
+            ),
+            (
+                r#"{"event_time":1,"metric":"m","key":"0123456789abcdefX"}"#,
+                RejectReason::OversizeKey,
+            ),
             (r#"{"metric":"m","key":"k"}"#, RejectReason::InvalidTime),
-            (r#"{"event_time":"yesterday","metric":"m","key":"k"}"#, RejectReason::InvalidTime),
-            (r#"{"event_time":1.5,"metric":"m","key":"k"}"#, RejectReason::InvalidTime),
-            (r#"{"event_time":1,"metric":"m","key":"k","cost":0}"#, RejectReason::InvalidCost),
-            (r#"{"event_time":1,"metric":"m","key":"k","cost":-2}"#, RejectReason::InvalidCost),
-            (r#"{"event_time":1,"metric":"m","key":"k","cost":1.5}"#, RejectReason::InvalidCost),
-            (r#"{"event_time":1,"metric":"m","key":"k","cost":"3"}"#, RejectReason::InvalidCost),
+            (
+                r#"{"event_time":"yesterday","metric":"m","key":"k"}"#,
+                RejectReason::InvalidTime,
+            ),
+            (
+                r#"{"event_time":1.5,"metric":"m","key":"k"}"#,
+                RejectReason::InvalidTime,
+            ),
+            (
+                r#"{"event_time":1,"metric":"m","key":"k","cost":0}"#,
+                RejectReason::InvalidCost,
+            ),
+            (
+                r#"{"event_time":1,"metric":"m","key":"k","cost":-2}"#,
+                RejectReason::InvalidCost,
+            ),
+            (
+                r#"{"event_time":1,"metric":"m","key":"k","cost":1.5}"#,
+                RejectReason::InvalidCost,
+            ),
+            (
+                r#"{"event_time":1,"metric":"m","key":"k","cost":"3"}"#,
+                RejectReason::InvalidCost,
+            ),
         ];
         for (line, want) in cases {
             assert_eq!(parse(line).unwrap_err(), want, "{line}");

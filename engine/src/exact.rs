@@ -15,7 +15,10 @@ use crate::window::bucket_index;
 
 struct OpenBucket {
     idx: i64,
-    counts: FxHashMap<u32, u64>,
+    entries: Vec<(u32, u64)>,
+    /// Position of each key in `entries`; built only if the bucket receives events after a
+    /// newer bucket opened (late events), since the newest bucket is indexed densely.
+    index: Option<FxHashMap<u32, u32>>,
 }
 
 struct ClosedBucket {
@@ -32,10 +35,16 @@ pub(crate) struct ExactWindow {
     totals: Vec<u64>,
     total: u64,
     closed_through: i64,
+    /// Position of this window among the shard's windows (its column in the key table's
+    /// newest-bucket slots).
+    position: usize,
+    /// Index of the newest open bucket. Its entries are found through the key table's
+    /// `NewestSlot`s: an array read instead of a hash lookup for the common case.
+    newest: Option<i64>,
 }
 
 impl ExactWindow {
-    pub(crate) fn new(cfg: &WindowConfig) -> Self {
+    pub(crate) fn new(cfg: &WindowConfig, position: usize) -> Self {
         Self {
             bucket_ms: cfg.bucket_ms,
             span: cfg.buckets(),
@@ -44,6 +53,8 @@ impl ExactWindow {
             totals: Vec::new(),
             total: 0,
             closed_through: i64::MIN,
+            position,
+            newest: None,
         }
     }
 
@@ -64,14 +75,56 @@ impl ExactWindow {
         if idx < self.closed_through {
             return false;
         }
-        let bucket = open_bucket(&mut self.open, idx, || FxHashMap::default(), |b| b.idx, |idx, counts| {
-            OpenBucket { idx, counts }
+        if self.newest.is_none_or(|newest| idx > newest) {
+            self.open.push_back(OpenBucket {
+                idx,
+                entries: Vec::new(),
+                index: None,
+            });
+            self.newest = Some(idx);
+        }
+        if self.newest == Some(idx) {
+            let Some(bucket) = self.open.back_mut() else {
+                return false;
+            };
+            let slot = keys.newest_slot(id, self.position);
+            if slot.bucket == idx {
+                bucket.entries[slot.pos as usize].1 += cost;
+            } else {
+                slot.bucket = idx;
+                slot.pos = bucket.entries.len() as u32;
+                bucket.entries.push((id, cost));
+                keys.incref(id);
+            }
+            return true;
+        }
+        let bucket = open_bucket(
+            &mut self.open,
+            idx,
+            Vec::new,
+            |b| b.idx,
+            |idx, entries| OpenBucket {
+                idx,
+                entries,
+                index: None,
+            },
+        );
+        let entries = &mut bucket.entries;
+        let index = bucket.index.get_or_insert_with(|| {
+            entries
+                .iter()
+                .enumerate()
+                .map(|(pos, (id, _))| (*id, pos as u32))
+                .collect()
         });
-        let count = bucket.counts.entry(id).or_insert_with(|| {
-            keys.incref(id);
-            0
-        });
-        *count += cost;
+        match index.get(&id) {
+            Some(&pos) => entries[pos as usize].1 += cost,
+            None => {
+                index.insert(id, entries.len() as u32);
+                entries.push((id, cost));
+                keys.incref(id);
+            }
+        }
         true
     }
 
@@ -87,8 +140,13 @@ impl ExactWindow {
             self.totals.resize(keys.id_space(), 0);
         }
         while self.open.front().is_some_and(|b| b.idx < end_idx) {
-            let Some(bucket) = self.open.pop_front() else { break };
-            let mut counts: Vec<(u32, u64)> = bucket.counts.into_iter().collect();
+            let Some(bucket) = self.open.pop_front() else {
+                break;
+            };
+            if self.newest == Some(bucket.idx) {
+                self.newest = None;
+            }
+            let mut counts = bucket.entries;
             let mut bucket_total = 0;
             for &(id, cost) in &counts {
                 let slot = &mut self.totals[id as usize];
@@ -101,7 +159,11 @@ impl ExactWindow {
             self.total += bucket_total;
             if self.span.is_some() {
                 counts.shrink_to_fit();
-                self.closed.push_back(ClosedBucket { idx: bucket.idx, total: bucket_total, counts });
+                self.closed.push_back(ClosedBucket {
+                    idx: bucket.idx,
+                    total: bucket_total,
+                    counts,
+                });
             } else {
                 for (id, _) in counts {
                     keys.decref(id);
@@ -110,7 +172,9 @@ impl ExactWindow {
         }
         if let Some(span) = self.span {
             while self.closed.front().is_some_and(|b| b.idx < end_idx - span) {
-                let Some(bucket) = self.closed.pop_front() else { break };
+                let Some(bucket) = self.closed.pop_front() else {
+                    break;
+                };
                 self.total -= bucket.total;
                 for (id, cost) in bucket.counts {
                     let slot = &mut self.totals[id as usize];
@@ -126,11 +190,19 @@ impl ExactWindow {
 
     /// Keys with a positive count in the closed window, as (id, count).
     pub(crate) fn counted(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.totals.iter().enumerate().filter(|(_, c)| **c > 0).map(|(id, c)| (id as u32, *c))
+        self.totals
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(id, c)| (id as u32, *c))
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        let open: usize = self.open.iter().map(|b| b.counts.capacity() * 24).sum();
+        let open: usize = self
+            .open
+            .iter()
+            .map(|b| b.entries.capacity() * 16 + b.index.as_ref().map_or(0, |i| i.capacity() * 12))
+            .sum();
         let closed: usize = self.closed.iter().map(|b| b.counts.capacity() * 16).sum();
         open + closed + self.totals.capacity() * 8
     }

@@ -5,12 +5,15 @@
 //! windows and freed when no window holds the key any more, so memory follows the keys that
 //! are live in some window, not every key ever seen.
 
+use std::sync::Arc;
+
 use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Stable 64-bit hash of a key within its scope. It is persisted inside sketches, so it must
 /// not change between versions: xxh3 is a specified, seedable hash.
+#[inline]
 pub fn key_hash(scope_seed: u64, key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), scope_seed)
 }
@@ -24,20 +27,23 @@ pub(crate) struct ScopeTable {
 
 impl ScopeTable {
     pub(crate) fn new() -> Self {
+        // The global scope "" is always id 0, so the common case needs no lookup.
         let mut table = Self::default();
-        table.intern(""); // the global scope is always id 0
+        table.register("");
         table
     }
 
     pub(crate) fn intern(&mut self, scope: &str) -> u32 {
         if scope.is_empty() {
-            if let Some(&id) = self.ids.get("") {
-                return id;
-            }
+            return 0;
         }
-        if let Some(&id) = self.ids.get(scope) {
-            return id;
+        match self.ids.get(scope) {
+            Some(&id) => id,
+            None => self.register(scope),
         }
+    }
+
+    fn register(&mut self, scope: &str) -> u32 {
         let id = self.names.len() as u32;
         self.ids.insert(scope.into(), id);
         self.names.push(scope.into());
@@ -62,61 +68,123 @@ impl ScopeTable {
     }
 }
 
-struct KeyEntry {
-    hash: u64,
-    scope: u32,
+/// Where a key sits in a window's newest open bucket: valid while `bucket` equals that
+/// bucket's index. The first slot of each id also carries the id's reference count in what
+/// would be padding, so counting a key touches one cache line of per-id state.
+#[derive(Clone, Copy)]
+pub(crate) struct NewestSlot {
+    pub(crate) bucket: i64,
+    pub(crate) pos: u32,
     refs: u32,
-    key: Box<str>,
 }
 
-#[derive(Default)]
+const NO_SLOT: NewestSlot = NewestSlot {
+    bucket: i64::MIN,
+    pos: 0,
+    refs: 0,
+};
+
+/// The hash table holds the key inline next to its id, so a lookup touches the same memory as
+/// a plain `HashMap<String, _>` probe; `ids` maps back from id to key for summaries.
+struct Indexed {
+    hash: u64,
+    scope: u32,
+    id: u32,
+    key: Arc<str>,
+}
+
+struct IdEntry {
+    hash: u64,
+    scope: u32,
+    key: Option<Arc<str>>,
+}
+
 pub(crate) struct KeyTable {
-    index: HashTable<u32>,
-    entries: Vec<KeyEntry>,
+    index: HashTable<Indexed>,
+    ids: Vec<IdEntry>,
     free: Vec<u32>,
+    /// `windows` newest-bucket slots per id, side by side so one cache line serves them all.
+    newest: Vec<NewestSlot>,
+    windows: usize,
     key_bytes: usize,
 }
 
 impl KeyTable {
+    pub(crate) fn new(windows: usize) -> Self {
+        Self {
+            index: HashTable::new(),
+            ids: Vec::new(),
+            free: Vec::new(),
+            newest: Vec::new(),
+            windows: windows.max(1),
+            key_bytes: 0,
+        }
+    }
+
     /// Id of the key, creating it with no references if unknown. The caller takes a reference
     /// before it next frees anything.
+    #[inline]
     pub(crate) fn intern(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
-        let entries = &self.entries;
-        if let Some(&id) = self.index.find(hash, |&id| {
-            let e = &entries[id as usize];
-            e.hash == hash && e.scope == scope && &*e.key == key
-        }) {
-            return id;
+        if let Some(found) = self
+            .index
+            .find(hash, |e| e.scope == scope && &*e.key == key)
+        {
+            return found.id;
         }
-        let entry = KeyEntry { hash, scope, refs: 0, key: key.into() };
+        let key: Arc<str> = Arc::from(key);
         self.key_bytes += key.len();
+        let entry = IdEntry {
+            hash,
+            scope,
+            key: Some(key.clone()),
+        };
         let id = match self.free.pop() {
             Some(id) => {
-                self.entries[id as usize] = entry;
+                self.ids[id as usize] = entry;
+                let at = id as usize * self.windows;
+                self.newest[at..at + self.windows].fill(NO_SLOT);
                 id
             }
             None => {
-                self.entries.push(entry);
-                (self.entries.len() - 1) as u32
+                self.ids.push(entry);
+                self.newest
+                    .extend(std::iter::repeat_n(NO_SLOT, self.windows));
+                (self.ids.len() - 1) as u32
             }
         };
-        let entries = &self.entries;
-        self.index.insert_unique(hash, id, |&i| entries[i as usize].hash);
+        self.index.insert_unique(
+            hash,
+            Indexed {
+                hash,
+                scope,
+                id,
+                key,
+            },
+            |e| e.hash,
+        );
         id
     }
 
+    #[inline]
+    pub(crate) fn newest_slot(&mut self, id: u32, window: usize) -> &mut NewestSlot {
+        &mut self.newest[id as usize * self.windows + window]
+    }
+
+    #[inline]
     pub(crate) fn incref(&mut self, id: u32) {
-        self.entries[id as usize].refs += 1;
+        self.newest[id as usize * self.windows].refs += 1;
     }
 
     pub(crate) fn decref(&mut self, id: u32) {
-        let entry = &mut self.entries[id as usize];
-        entry.refs -= 1;
-        if entry.refs == 0 {
+        let refs = &mut self.newest[id as usize * self.windows].refs;
+        *refs -= 1;
+        if *refs == 0 {
+            let entry = &mut self.ids[id as usize];
             let hash = entry.hash;
-            self.key_bytes -= entry.key.len();
-            entry.key = Box::from("");
-            if let Ok(found) = self.index.find_entry(hash, |&i| i == id) {
+            if let Some(key) = entry.key.take() {
+                self.key_bytes -= key.len();
+            }
+            if let Ok(found) = self.index.find_entry(hash, |e| e.id == id) {
                 found.remove();
             }
             self.free.push(id);
@@ -124,27 +192,29 @@ impl KeyTable {
     }
 
     pub(crate) fn key(&self, id: u32) -> &str {
-        &self.entries[id as usize].key
+        self.ids[id as usize].key.as_deref().unwrap_or("")
     }
 
     pub(crate) fn scope(&self, id: u32) -> u32 {
-        self.entries[id as usize].scope
+        self.ids[id as usize].scope
     }
 
     /// Number of ids handed out, live or free: the size a dense per-id vector needs.
     pub(crate) fn id_space(&self) -> usize {
-        self.entries.len()
+        self.ids.len()
     }
 
     pub(crate) fn live(&self) -> usize {
-        self.entries.len() - self.free.len()
+        self.ids.len() - self.free.len()
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<KeyEntry>()
-            + self.index.capacity() * 5
+        self.ids.capacity() * std::mem::size_of::<IdEntry>()
+            + self.index.capacity() * (std::mem::size_of::<Indexed>() + 1)
+            + self.newest.capacity() * std::mem::size_of::<NewestSlot>()
             + self.free.capacity() * 4
             + self.key_bytes
+            + self.live() * 16
     }
 }
 
@@ -154,7 +224,7 @@ mod tests {
 
     #[test]
     fn ids_are_reused_only_after_the_last_reference_goes() {
-        let mut t = KeyTable::default();
+        let mut t = KeyTable::new(1);
         let a = t.intern(key_hash(0, "a"), 0, "a");
         t.incref(a);
         t.incref(a);

@@ -10,12 +10,12 @@
 //! - [`summary`]: what a shard publishes, and the merge of many shards into rankings.
 //! - [`pipeline`]: shards + watermark + merge in one process (what `topk run` drives).
 
+mod approx;
 pub mod candidates;
 pub mod config;
 pub mod error;
 pub mod event;
 mod exact;
-mod approx;
 mod keys;
 pub mod partition;
 pub mod pipeline;
@@ -28,4 +28,4 @@ pub use config::{EngineConfig, Mode, SketchParams, WindowConfig};
 pub use error::EngineError;
 pub use event::{Event, RejectReason};
 pub use pipeline::{IngestOutcome, Pipeline, Published};
-pub use summary::{Ranking, RankedItem, ShardSummary};
+pub use summary::{RankedItem, Ranking, ShardSummary};

@@ -82,7 +82,10 @@ mod tests {
             (b"foobar", -790_332_482),
             (b"a-little-bit-long-string", -985_981_536),
             (b"a-little-bit-longer-string", -1_486_304_829),
-            (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
             (b"abc", 479_470_107),
             (&[12, 42, 56, 24, 109, 111], 274_204_207),
         ];
@@ -101,7 +104,11 @@ mod tests {
     #[test]
     fn shard_for_equals_partition_of_message_key() {
         let long = "x".repeat(300);
-        for (m, s, k) in [("api", "", "GET /"), ("api", "eu", "k"), ("m", "s", long.as_str())] {
+        for (m, s, k) in [
+            ("api", "", "GET /"),
+            ("api", "eu", "k"),
+            ("m", "s", long.as_str()),
+        ] {
             let want = partition_for(message_key(m, s, k).as_bytes(), 64);
             assert_eq!(shard_for(m, s, k, 64), want);
         }

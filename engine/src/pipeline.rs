@@ -47,7 +47,9 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(cfg: EngineConfig) -> Result<Self, EngineError> {
         cfg.validate()?;
-        let shards = (0..cfg.shards).map(|s| ShardCounter::new(&cfg, s)).collect();
+        let shards = (0..cfg.shards)
+            .map(|s| ShardCounter::new(&cfg, s))
+            .collect();
         let windows = cfg.windows.len();
         Ok(Self {
             cfg,
@@ -68,7 +70,8 @@ impl Pipeline {
 
     /// Highest accepted event time minus the allowed lateness.
     pub fn watermark_ms(&self) -> Option<i64> {
-        self.max_event_ms.map(|t| t.saturating_sub(self.cfg.allowed_lateness_ms))
+        self.max_event_ms
+            .map(|t| t.saturating_sub(self.cfg.allowed_lateness_ms))
     }
 
     pub fn max_event_ms(&self) -> Option<i64> {
@@ -88,7 +91,12 @@ impl Pipeline {
     }
 
     /// Parses and counts one input line; rankings whose window closed are appended to `out`.
-    pub fn ingest_line(&mut self, line: &str, now_ms: i64, out: &mut Vec<Published>) -> IngestOutcome {
+    pub fn ingest_line(
+        &mut self,
+        line: &str,
+        now_ms: i64,
+        out: &mut Vec<Published>,
+    ) -> IngestOutcome {
         if line.trim().is_empty() {
             return IngestOutcome::Blank;
         }
@@ -109,7 +117,12 @@ impl Pipeline {
     }
 
     /// Counts a parsed event. Rejections are returned, not recorded: `ingest_line` records.
-    pub fn ingest(&mut self, event: &Event<'_>, now_ms: i64, out: &mut Vec<Published>) -> Result<(), RejectReason> {
+    pub fn ingest(
+        &mut self,
+        event: &Event<'_>,
+        now_ms: i64,
+        out: &mut Vec<Published>,
+    ) -> Result<(), RejectReason> {
         if event.metric != self.cfg.metric {
             return Err(RejectReason::OtherMetric);
         }
@@ -124,7 +137,10 @@ impl Pipeline {
         }
         if self.max_event_ms.is_none_or(|t| event.time_ms > t) {
             self.max_event_ms = Some(event.time_ms);
-            if self.watermark_ms().is_some_and(|wm| wm >= self.next_publish_ms) {
+            if self
+                .watermark_ms()
+                .is_some_and(|wm| wm >= self.next_publish_ms)
+            {
                 self.publish_due(now_ms, out);
             }
         }
@@ -136,7 +152,9 @@ impl Pipeline {
 
     /// Publishes every window whose newest closed boundary moved since its last publication.
     fn publish_due(&mut self, now_ms: i64, out: &mut Vec<Published>) {
-        let Some(watermark) = self.watermark_ms() else { return };
+        let Some(watermark) = self.watermark_ms() else {
+            return;
+        };
         let mut next = i64::MAX;
         for w in 0..self.cfg.windows.len() {
             let bucket_ms = self.cfg.windows[w].bucket_ms;
@@ -153,7 +171,9 @@ impl Pipeline {
     /// End of input: publishes each window ending at the first boundary after the latest
     /// accepted event, so every accepted event is in the lists.
     pub fn finish(&mut self, now_ms: i64, out: &mut Vec<Published>) {
-        let Some(max_event) = self.max_event_ms else { return };
+        let Some(max_event) = self.max_event_ms else {
+            return;
+        };
         for w in 0..self.cfg.windows.len() {
             let end = boundary_after(max_event, self.cfg.windows[w].bucket_ms);
             self.publish_window(w, end, end, now_ms, out);
@@ -162,7 +182,14 @@ impl Pipeline {
         self.next_publish_ms = i64::MAX;
     }
 
-    fn publish_window(&mut self, w: usize, close_at: i64, watermark: i64, now_ms: i64, out: &mut Vec<Published>) {
+    fn publish_window(
+        &mut self,
+        w: usize,
+        close_at: i64,
+        watermark: i64,
+        now_ms: i64,
+        out: &mut Vec<Published>,
+    ) {
         let summaries: Vec<_> = self
             .shards
             .iter_mut()
@@ -173,7 +200,9 @@ impl Pipeline {
             .collect();
         let refs: Vec<_> = summaries.iter().collect();
         let mut rankings = merge(&refs, self.cfg.k);
-        let Some(template) = summaries.first() else { return };
+        let Some(template) = summaries.first() else {
+            return;
+        };
         // A scope whose keys all left the window gets an empty list instead of a stale one.
         for scope in &self.known_scopes[w] {
             if !rankings.iter().any(|r| &r.scope == scope) {
@@ -198,7 +227,11 @@ impl Pipeline {
                 .entry((ranking.scope.clone(), ranking.window.clone()))
                 .and_modify(|v| *v += 1)
                 .or_insert(1);
-            out.push(Published { ranking, version: *version, as_of_ms: now_ms });
+            out.push(Published {
+                ranking,
+                version: *version,
+                as_of_ms: now_ms,
+            });
         }
     }
 }

@@ -10,8 +10,13 @@ use crate::sketch::CountMinSketch;
 use crate::summary::{KeyCount, ScopeItems, ShardSummary, rank_order, top_k};
 
 enum State {
-    Exact { keys: KeyTable, windows: Vec<ExactWindow> },
-    Approximate { windows: Vec<ApproxWindow> },
+    Exact {
+        keys: KeyTable,
+        windows: Vec<ExactWindow>,
+    },
+    Approximate {
+        windows: Vec<ApproxWindow>,
+    },
 }
 
 pub struct ShardCounter {
@@ -32,8 +37,13 @@ impl ShardCounter {
     pub fn new(cfg: &EngineConfig, shard: u32) -> Self {
         let state = match cfg.mode {
             Mode::Exact => State::Exact {
-                keys: KeyTable::default(),
-                windows: cfg.windows.iter().map(ExactWindow::new).collect(),
+                keys: KeyTable::new(cfg.windows.len()),
+                windows: cfg
+                    .windows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| ExactWindow::new(w, i))
+                    .collect(),
             },
             Mode::Approximate(p) => {
                 let (width, depth) = shard_sketch_dimensions(p.epsilon, p.delta, cfg.shards);
@@ -135,7 +145,10 @@ impl ShardCounter {
                             scope: self.scopes.name(scope as u32).to_owned(),
                             items: top
                                 .into_iter()
-                                .map(|(id, count)| KeyCount { key: keys.key(id).to_owned(), count })
+                                .map(|(id, count)| KeyCount {
+                                    key: keys.key(id).to_owned(),
+                                    count,
+                                })
                                 .collect(),
                         }
                     })
@@ -206,6 +219,8 @@ impl ShardCounter {
 /// shards, so each shard sizes its sketch for its share: width `e / (epsilon * shards)`.
 pub fn shard_sketch_dimensions(epsilon: f64, delta: f64, shards: u32) -> (u32, u32) {
     let (_, depth) = CountMinSketch::dimensions(epsilon, delta);
-    let width = (E / (epsilon * f64::from(shards.max(1)))).ceil().clamp(1.0, f64::from(u32::MAX >> 4));
+    let width = (E / (epsilon * f64::from(shards.max(1))))
+        .ceil()
+        .clamp(1.0, f64::from(u32::MAX >> 4));
     (width as u32, depth)
 }

@@ -24,7 +24,12 @@ impl CountMinSketch {
     pub fn new(width: u32, depth: u32) -> Self {
         let width = width.max(1);
         let depth = depth.max(1);
-        Self { width, depth, total: 0, cells: vec![0; width as usize * depth as usize] }
+        Self {
+            width,
+            depth,
+            total: 0,
+            cells: vec![0; width as usize * depth as usize],
+        }
     }
 
     /// Dimensions for a relative error `epsilon` with failure probability `delta`:
@@ -91,7 +96,10 @@ impl CountMinSketch {
     /// Estimated count of the key with `hash`; never below the true count.
     #[inline]
     pub fn estimate(&self, hash: u64) -> u64 {
-        (0..self.depth).map(|row| self.cells[self.cell(row, hash)]).min().unwrap_or(0)
+        (0..self.depth)
+            .map(|row| self.cells[self.cell(row, hash)])
+            .min()
+            .unwrap_or(0)
     }
 
     /// Adds another sketch of the same shape cell by cell.

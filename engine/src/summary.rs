@@ -99,12 +99,18 @@ pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
             }
         }
     }
-    let watermark_ms = summaries.iter().map(|s| s.watermark_ms).min().unwrap_or(i64::MIN);
+    let watermark_ms = summaries
+        .iter()
+        .map(|s| s.watermark_ms)
+        .min()
+        .unwrap_or(i64::MIN);
     let max_overcount = summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0);
     per_scope
         .into_iter()
         .map(|(scope, counts)| {
-            let top = top_k(counts.into_iter().collect(), k, |a, b| rank_order(a.0, a.1, b.0, b.1));
+            let top = top_k(counts.into_iter().collect(), k, |a, b| {
+                rank_order(a.0, a.1, b.0, b.1)
+            });
             Ranking {
                 metric: first.metric.clone(),
                 scope: scope.to_owned(),
@@ -132,13 +138,24 @@ pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
 mod tests {
     use super::*;
 
-    fn summary(shard: u32, items: &[(&str, &str, u64)], watermark_ms: i64, over: u64) -> ShardSummary {
+    fn summary(
+        shard: u32,
+        items: &[(&str, &str, u64)],
+        watermark_ms: i64,
+        over: u64,
+    ) -> ShardSummary {
         let mut scopes: Vec<ScopeItems> = Vec::new();
         for (scope, key, count) in items {
-            let item = KeyCount { key: key.to_string(), count: *count };
+            let item = KeyCount {
+                key: key.to_string(),
+                count: *count,
+            };
             match scopes.iter_mut().find(|s| s.scope == *scope) {
                 Some(s) => s.items.push(item),
-                None => scopes.push(ScopeItems { scope: scope.to_string(), items: vec![item] }),
+                None => scopes.push(ScopeItems {
+                    scope: scope.to_string(),
+                    items: vec![item],
+                }),
             }
         }
         ShardSummary {
@@ -164,7 +181,11 @@ mod tests {
         let merged = merge(&[&a, &b], 3);
         assert_eq!(merged.len(), 2);
         let global = &merged[0];
-        let keys: Vec<_> = global.items.iter().map(|i| (i.rank, i.key.as_str(), i.count)).collect();
+        let keys: Vec<_> = global
+            .items
+            .iter()
+            .map(|i| (i.rank, i.key.as_str(), i.count))
+            .collect();
         assert_eq!(keys, vec![(1, "y", 9), (2, "x", 5), (3, "a", 3)]);
         assert_eq!((global.watermark_ms, global.max_overcount), (50, 7));
         assert_eq!(merged[1].scope, "eu");

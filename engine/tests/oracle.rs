@@ -7,7 +7,9 @@ use proptest::prelude::*;
 use topk_engine::pipeline::Published;
 use topk_engine::summary::rank_order;
 use topk_engine::window::{boundary_after, closed_boundary};
-use topk_engine::{EngineConfig, IngestOutcome, Mode, Pipeline, RejectReason, SketchParams, WindowConfig};
+use topk_engine::{
+    EngineConfig, IngestOutcome, Mode, Pipeline, RejectReason, SketchParams, WindowConfig,
+};
 
 const NOW: i64 = 1 << 50;
 
@@ -50,8 +52,14 @@ fn accepted(events: &[Ev], lateness: i64) -> Vec<Ev> {
 /// Exact counts per scope of the accepted events with time in `[start, end)`.
 fn oracle_counts(events: &[Ev], start: i64, end: i64) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.time_ms >= start && e.time_ms < end) {
-        *out.entry(e.scope.clone()).or_default().entry(e.key.clone()).or_default() += e.cost;
+    for e in events
+        .iter()
+        .filter(|e| e.time_ms >= start && e.time_ms < end)
+    {
+        *out.entry(e.scope.clone())
+            .or_default()
+            .entry(e.key.clone())
+            .or_default() += e.cost;
     }
     out
 }
@@ -88,8 +96,11 @@ fn run(cfg: &EngineConfig, events: &[Ev]) -> (Pipeline, Vec<Published>, Vec<Publ
 }
 
 fn stream() -> impl Strategy<Value = (i64, Vec<Ev>)> {
-    (0i64..60, prop::collection::vec((-80i64..40, 0usize..3, 0usize..25, 1u64..4), 1..400)).prop_map(
-        |(lateness, steps)| {
+    (
+        0i64..60,
+        prop::collection::vec((-80i64..40, 0usize..3, 0usize..25, 1u64..4), 1..400),
+    )
+        .prop_map(|(lateness, steps)| {
             let mut clock = 1_000_000i64;
             let events = steps
                 .into_iter()
@@ -104,23 +115,31 @@ fn stream() -> impl Strategy<Value = (i64, Vec<Ev>)> {
                 })
                 .collect();
             (lateness, events)
-        },
-    )
+        })
 }
 
 fn windows() -> impl Strategy<Value = Vec<WindowConfig>> {
-    (prop::sample::select(vec![5i64, 10, 25]), 1i64..6, prop::sample::select(vec![7i64, 20])).prop_map(
-        |(bucket, n, all_every)| {
+    (
+        prop::sample::select(vec![5i64, 10, 25]),
+        1i64..6,
+        prop::sample::select(vec![7i64, 20]),
+    )
+        .prop_map(|(bucket, n, all_every)| {
             vec![
                 WindowConfig::sliding("short", bucket * n, bucket),
                 WindowConfig::sliding("long", bucket * n * 4, bucket * 2),
                 WindowConfig::all_time("all", all_every),
             ]
-        },
-    )
+        })
 }
 
-fn config(mode: Mode, shards: u32, k: usize, lateness: i64, windows: Vec<WindowConfig>) -> EngineConfig {
+fn config(
+    mode: Mode,
+    shards: u32,
+    k: usize,
+    lateness: i64,
+    windows: Vec<WindowConfig>,
+) -> EngineConfig {
     EngineConfig {
         metric: "m".into(),
         shards,
@@ -215,8 +234,15 @@ proptest! {
 fn approximate_bound_violations_stay_under_delta() {
     use rand::{RngExt, SeedableRng};
     let delta = 0.05;
-    let mode = Mode::Approximate(SketchParams { epsilon: 0.002, delta, candidates: 200 });
-    let windows = vec![WindowConfig::sliding("w", 1_000, 100), WindowConfig::all_time("all", 500)];
+    let mode = Mode::Approximate(SketchParams {
+        epsilon: 0.002,
+        delta,
+        candidates: 200,
+    });
+    let windows = vec![
+        WindowConfig::sliding("w", 1_000, 100),
+        WindowConfig::all_time("all", 500),
+    ];
     let cfg = config(mode, 4, 100, 50, windows);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let zipf = rand_distr::Zipf::new(5_000.0, 1.1).unwrap();
@@ -250,7 +276,13 @@ fn approximate_bound_violations_stay_under_delta() {
 
 #[test]
 fn rejections_are_counted_by_reason_and_never_stop_the_pipeline() {
-    let cfg = config(Mode::Exact, 2, 3, 10, vec![WindowConfig::sliding("w", 100, 10)]);
+    let cfg = config(
+        Mode::Exact,
+        2,
+        3,
+        10,
+        vec![WindowConfig::sliding("w", 100, 10)],
+    );
     let mut p = Pipeline::new(cfg).unwrap();
     let mut out = Vec::new();
     let now = 10_000;
@@ -266,7 +298,10 @@ fn rejections_are_counted_by_reason_and_never_stop_the_pipeline() {
         r#"{"event_time":1001,"metric":"m","key":"a","cost":0}"#,
         r#"{"event_time":1002,"metric":"m","key":"b"}"#,
     ];
-    let outcomes: Vec<_> = lines.iter().map(|l| p.ingest_line(l, now, &mut out)).collect();
+    let outcomes: Vec<_> = lines
+        .iter()
+        .map(|l| p.ingest_line(l, now, &mut out))
+        .collect();
     use IngestOutcome::*;
     use RejectReason::*;
     assert_eq!(
@@ -290,7 +325,13 @@ fn rejections_are_counted_by_reason_and_never_stop_the_pipeline() {
 
 #[test]
 fn exact_state_shrinks_when_keys_leave_every_window() {
-    let cfg = config(Mode::Exact, 1, 5, 0, vec![WindowConfig::sliding("w", 100, 10)]);
+    let cfg = config(
+        Mode::Exact,
+        1,
+        5,
+        0,
+        vec![WindowConfig::sliding("w", 100, 10)],
+    );
     let mut p = Pipeline::new(cfg.clone()).unwrap();
     let mut shard = topk_engine::shard::ShardCounter::new(&cfg, 0);
     for i in 0..10_000 {
@@ -310,17 +351,38 @@ fn exact_state_shrinks_when_keys_leave_every_window() {
 
 #[test]
 fn approximate_memory_stays_flat_under_a_flood_of_unique_keys() {
-    let mode = Mode::Approximate(SketchParams { epsilon: 0.001, delta: 0.01, candidates: 100 });
-    let cfg = config(mode, 1, 10, 0, vec![WindowConfig::sliding("w", 1_000, 100), WindowConfig::all_time("all", 100)]);
+    let mode = Mode::Approximate(SketchParams {
+        epsilon: 0.001,
+        delta: 0.01,
+        candidates: 100,
+    });
+    let cfg = config(
+        mode,
+        1,
+        10,
+        0,
+        vec![
+            WindowConfig::sliding("w", 1_000, 100),
+            WindowConfig::all_time("all", 100),
+        ],
+    );
     let mut shard = topk_engine::shard::ShardCounter::new(&cfg, 0);
     let mut sizes = Vec::new();
     for round in 0..4i64 {
         for i in 0..50_000 {
-            shard.add("", &format!("flood-{round}-{i}"), round * 2_000 + i % 1_000, 1);
+            shard.add(
+                "",
+                &format!("flood-{round}-{i}"),
+                round * 2_000 + i % 1_000,
+                1,
+            );
         }
         shard.advance(round * 2_000 + 1_000);
         sizes.push(shard.state_bytes());
     }
     let (first, last) = (sizes[1], sizes[3]);
-    assert!(last <= first + first / 10, "state grew from {first} to {last} bytes: {sizes:?}");
+    assert!(
+        last <= first + first / 10,
+        "state grew from {first} to {last} bytes: {sizes:?}"
+    );
 }

@@ -37,17 +37,26 @@ pub fn spawn(args: &[&str]) -> Server {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(at) = line.find("http://") {
-                let addr = line[at..].split_whitespace().next().unwrap_or_default().to_owned();
+                let addr = line[at..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
                 let _ = tx.send(addr);
             }
         }
     });
-    let base = rx.recv_timeout(Duration::from_secs(60)).expect("topk logged its address");
+    let base = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("topk logged its address");
     Server { child, base }
 }
 
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).build().into()
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
 }
 
 /// GET returning (status, body).

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's test command (the README's, and what .ci/run runs): formatting, lints, and
+# every test of the workspace. Build outputs are cached outside the clone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${TOPK_CACHE:-$HOME/.cache/topk}/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# Tests that need an external service skip loudly on a laptop but must fail in CI.
+if [[ "${CI:-}" == "true" ]]; then
+  export TOPK_REQUIRE_TESTENV="${TOPK_REQUIRE_TESTENV:-1}"
+fi
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
