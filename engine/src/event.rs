@@ -74,17 +74,17 @@ pub struct Event<'a> {
 #[derive(Deserialize)]
 struct RawEvent<'a> {
     #[serde(borrow, default)]
-    event_id: Option<IdField<'a>>,
-    #[serde(default)]
-    event_time: Option<TimeField>,
+    event_id: Option<Scalar<'a>>,
+    #[serde(borrow, default)]
+    event_time: Option<Scalar<'a>>,
     #[serde(borrow, default)]
     metric: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     scope: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     key: Option<Cow<'a, str>>,
-    #[serde(default)]
-    cost: Option<CostField>,
+    #[serde(borrow, default)]
+    cost: Option<Scalar<'a>>,
 }
 
 /// Parses one event. `max_key_bytes` bounds the key's UTF-8 length.
@@ -101,17 +101,17 @@ pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, Reject
     if key.len() > max_key_bytes {
         return Err(RejectReason::OversizeKey);
     }
-    let time_ms = match raw.event_time {
-        Some(TimeField::Millis(ms)) => ms,
-        Some(TimeField::Invalid) | None => return Err(RejectReason::InvalidTime),
-    };
-    let cost = match raw.cost {
+    let time_ms = raw
+        .event_time
+        .as_ref()
+        .and_then(Scalar::time_ms)
+        .ok_or(RejectReason::InvalidTime)?;
+    let cost = match &raw.cost {
         None => 1,
-        Some(CostField::Valid(c)) => c,
-        Some(CostField::Invalid) => return Err(RejectReason::InvalidCost),
+        Some(c) => c.cost().ok_or(RejectReason::InvalidCost)?,
     };
     Ok(Event {
-        event_id: raw.event_id.map(|id| id.0),
+        event_id: raw.event_id.and_then(Scalar::into_id),
         time_ms,
         metric,
         scope: raw.scope.unwrap_or(Cow::Borrowed("")),
@@ -135,143 +135,90 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
     }
 }
 
-/// `event_time`: epoch milliseconds (integer) or an RFC 3339 string. A malformed value is
-/// kept as `Invalid` rather than failing the whole parse, so the event is rejected for its
-/// time and not as unparseable JSON.
-enum TimeField {
-    Millis(i64),
-    Invalid,
+/// A JSON value reduced to what the field checks need. Wrong types become `Other` instead of
+/// failing the parse, so an event is rejected for the field at fault (`invalid_time`,
+/// `invalid_cost`) rather than as unparseable JSON.
+enum Scalar<'a> {
+    Signed(i64),
+    Unsigned(u64),
+    Float(f64),
+    Text(Cow<'a, str>),
+    Other,
 }
 
-impl<'de> Deserialize<'de> for TimeField {
+impl<'a> Scalar<'a> {
+    /// `event_time`: epoch milliseconds (an integral number) or an RFC 3339 string.
+    fn time_ms(&self) -> Option<i64> {
+        match self {
+            Scalar::Signed(v) => Some(*v),
+            Scalar::Unsigned(v) => i64::try_from(*v).ok(),
+            Scalar::Float(v) if v.fract() == 0.0 && v.abs() < 9.0e15 => Some(*v as i64),
+            Scalar::Text(t) => parse_rfc3339_ms(t),
+            _ => None,
+        }
+    }
+
+    /// `cost`: a positive integer.
+    fn cost(&self) -> Option<u64> {
+        match self {
+            Scalar::Signed(v) => u64::try_from(*v).ok(),
+            Scalar::Unsigned(v) => Some(*v),
+            Scalar::Float(v) if v.fract() == 0.0 && (1.0..9.0e15).contains(v) => Some(*v as u64),
+            _ => None,
+        }
+        .filter(|c| *c > 0)
+    }
+
+    /// `event_id`: a string, or an integer kept in its decimal form.
+    fn into_id(self) -> Option<Cow<'a, str>> {
+        match self {
+            Scalar::Text(t) => Some(t),
+            Scalar::Signed(v) => Some(Cow::Owned(v.to_string())),
+            Scalar::Unsigned(v) => Some(Cow::Owned(v.to_string())),
+            _ => None,
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = TimeField;
+            type Value = Scalar<'de>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("epoch milliseconds or an RFC 3339 timestamp")
+                f.write_str("any JSON value")
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<TimeField, E> {
-                Ok(TimeField::Millis(v))
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Signed(v))
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<TimeField, E> {
-                Ok(i64::try_from(v).map_or(TimeField::Invalid, TimeField::Millis))
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Unsigned(v))
             }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<TimeField, E> {
-                let integral = v.fract() == 0.0 && v.abs() < 9.0e15;
-                Ok(if integral {
-                    TimeField::Millis(v as i64)
-                } else {
-                    TimeField::Invalid
-                })
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Float(v))
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<TimeField, E> {
-                Ok(parse_rfc3339_ms(v).map_or(TimeField::Invalid, TimeField::Millis))
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Text(Cow::Borrowed(v)))
             }
-            fn visit_unit<E: de::Error>(self) -> Result<TimeField, E> {
-                Ok(TimeField::Invalid)
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Text(Cow::Owned(v.to_owned())))
             }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<TimeField, E> {
-                Ok(TimeField::Invalid)
+            fn visit_unit<E: de::Error>(self) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Other)
             }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<TimeField, A::Error> {
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar<'de>, A::Error> {
                 while seq.next_element::<de::IgnoredAny>()?.is_some() {}
-                Ok(TimeField::Invalid)
+                Ok(Scalar::Other)
             }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<TimeField, A::Error> {
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Scalar<'de>, A::Error> {
                 while map
                     .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
                     .is_some()
                 {}
-                Ok(TimeField::Invalid)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// `cost`: a positive integer. Zero, negatives, fractions and non-numbers are `Invalid`.
-enum CostField {
-    Valid(u64),
-    Invalid,
-}
-
-impl<'de> Deserialize<'de> for CostField {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = CostField;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a positive integer")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<CostField, E> {
-                Ok(if v > 0 {
-                    CostField::Valid(v)
-                } else {
-                    CostField::Invalid
-                })
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<CostField, E> {
-                Ok(u64::try_from(v)
-                    .ok()
-                    .filter(|c| *c > 0)
-                    .map_or(CostField::Invalid, CostField::Valid))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<CostField, E> {
-                let integral = v.fract() == 0.0 && (1.0..9.0e15).contains(&v);
-                Ok(if integral {
-                    CostField::Valid(v as u64)
-                } else {
-                    CostField::Invalid
-                })
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<CostField, E> {
-                Ok(CostField::Invalid)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<CostField, E> {
-                Ok(CostField::Invalid)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<CostField, E> {
-                Ok(CostField::Invalid)
-            }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<CostField, A::Error> {
-                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
-                Ok(CostField::Invalid)
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<CostField, A::Error> {
-                while map
-                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(CostField::Invalid)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// `event_id`: a string, or a number kept in its decimal form.
-struct IdField<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for IdField<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = IdField<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string or integer event id")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<IdField<'de>, E> {
-                Ok(IdField(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<IdField<'de>, E> {
-                Ok(IdField(Cow::Owned(v.to_owned())))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<IdField<'de>, E> {
-                Ok(IdField(Cow::Owned(v.to_string())))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<IdField<'de>, E> {
-                Ok(IdField(Cow::Owned(v.to_string())))
+                Ok(Scalar::Other)
             }
         }
         d.deserialize_any(V)
