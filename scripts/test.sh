@@ -13,6 +13,15 @@ fi
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# CI (and `TOPK_TESTENV=up`) provisions and starts the real services the tests talk to.
+if [[ "${CI:-}" == "true" || "${TOPK_TESTENV:-}" == "up" ]]; then
+  step "test environment: Kafka, etcd, kube-apiserver, kube-controller-manager, Helm"
+  started=$SECONDS
+  ./scripts/testenv.sh up
+  trap './scripts/testenv.sh down || true' EXIT
+  echo "test environment ready in $((SECONDS - started))s"
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -21,8 +30,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked --lib --bins --tests 2>&1 | tee "$log"
 # One closing line over every test binary (cargo prints one summary per binary).
+status=0
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "\ntests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$log"
+     END { printf "\ntests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$log" || status=$?
+rm -f "$log"
+exit "$status"

@@ -1,0 +1,246 @@
+//! Test support for the real services of `scripts/testenv.sh`: Apache Kafka (KRaft),
+//! kube-apiserver with etcd and kube-controller-manager, and Helm.
+//!
+//! Tests call [`TestEnv::get`] first. When the environment is not up it prints a loud skip
+//! message and returns `None`, unless `TOPK_REQUIRE_TESTENV=1` (set by CI), where it panics:
+//! a CI run can never pass by skipping.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use rdkafka::ClientConfig;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum TestEnvError {
+    #[error("cannot read the test environment file {path}: {source}")]
+    EnvFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the test environment file {path} lacks {key}")]
+    Missing { path: PathBuf, key: &'static str },
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("kube client: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Where the services of a running test environment are.
+#[derive(Debug, Clone)]
+pub struct TestEnv {
+    pub env_file: PathBuf,
+    pub kafka_bootstrap: String,
+    pub kubeconfig: PathBuf,
+    pub kube_version: String,
+    pub helm: PathBuf,
+}
+
+/// The env file `scripts/testenv.sh up` writes.
+pub fn env_file_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOPK_TESTENV_ENV_FILE") {
+        return PathBuf::from(path);
+    }
+    let cache = std::env::var_os("TOPK_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."));
+            home.join(".cache").join("topk")
+        });
+    cache.join("testenv").join("run").join("env")
+}
+
+/// Whether a missing environment fails the test instead of skipping it.
+pub fn required() -> bool {
+    std::env::var("TOPK_REQUIRE_TESTENV").is_ok_and(|v| v == "1")
+}
+
+impl TestEnv {
+    /// The running environment, or `None` (with a loud message) to skip `test`.
+    pub fn get(test: &str) -> Option<TestEnv> {
+        let path = env_file_path();
+        match TestEnv::load(&path) {
+            Ok(env) => Some(env),
+            Err(err) if required() => {
+                panic!(
+                    "{test}: the test environment is required (TOPK_REQUIRE_TESTENV=1) but unusable: {err}"
+                )
+            }
+            Err(err) => {
+                eprintln!(
+                    "\n*** SKIPPED {test}: no test environment ({err}).\n*** Start one with `scripts/testenv.sh up`; CI sets TOPK_REQUIRE_TESTENV=1 so this cannot pass by skipping.\n"
+                );
+                None
+            }
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<TestEnv, TestEnvError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TestEnvError::EnvFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        let vars: HashMap<&str, &str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .collect();
+        let get = |key: &'static str| {
+            vars.get(key)
+                .map(|v| v.to_string())
+                .ok_or_else(|| TestEnvError::Missing {
+                    path: path.to_owned(),
+                    key,
+                })
+        };
+        Ok(TestEnv {
+            env_file: path.to_owned(),
+            kafka_bootstrap: get("TOPK_KAFKA_BOOTSTRAP")?,
+            kubeconfig: PathBuf::from(get("TOPK_KUBECONFIG")?),
+            kube_version: get("TOPK_KUBE_VERSION")?,
+            helm: PathBuf::from(get("TOPK_HELM")?),
+        })
+    }
+
+    /// A Kafka client configuration pointing at the broker.
+    pub fn kafka_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.kafka_bootstrap);
+        config
+    }
+
+    /// A kube client authenticated as the environment's admin.
+    pub async fn kube_client(&self) -> Result<Client, TestEnvError> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        let config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Creates a fresh namespace for one test.
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String, TestEnvError> {
+        let name = unique_name(prefix);
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+        }))
+        .map_err(|e| TestEnvError::Kube(kube::Error::SerdeError(e)))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(name)
+    }
+}
+
+/// A name unique across tests and processes: `prefix-<pid>-<seq>-<time>`, lower case, short
+/// enough for Kubernetes object names and Kafka topics.
+pub fn unique_name(prefix: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}-{}-{seq}-{:x}",
+        std::process::id(),
+        nanos % 0xfffff
+    )
+}
+
+/// Polls `check` until it yields `Some`, panicking with `what` after `timeout`.
+pub async fn await_some<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// There is no kubelet: Pods stay Pending. This marks the Pods matching `selector` as
+/// Running and Ready (as a kubelet would) so that controllers waiting for readiness proceed.
+pub async fn mark_pods_ready(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+) -> Result<usize, TestEnvError> {
+    set_pod_phase(client, namespace, selector, "Running", true).await
+}
+
+/// Marks the Pods matching `selector` as Succeeded (a finished Job's Pods).
+pub async fn mark_pods_succeeded(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+) -> Result<usize, TestEnvError> {
+    set_pod_phase(client, namespace, selector, "Succeeded", false).await
+}
+
+async fn set_pod_phase(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+    phase: &str,
+    ready: bool,
+) -> Result<usize, TestEnvError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let list = pods.list(&ListParams::default().labels(selector)).await?;
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = if ready { "True" } else { "False" };
+    for pod in &list.items {
+        let Some(name) = pod.metadata.name.as_deref() else {
+            continue;
+        };
+        let containers: Vec<_> = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+            .unwrap_or_default();
+        let container_statuses: Vec<_> = containers
+            .iter()
+            .map(|c| {
+                let state = if phase == "Succeeded" {
+                    serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
+                } else {
+                    serde_json::json!({"running": {"startedAt": now}})
+                };
+                serde_json::json!({"name": c, "ready": ready, "restartCount": 0, "image": "testenv", "imageID": "", "state": state, "started": ready})
+            })
+            .collect();
+        let patch = serde_json::json!({
+            "status": {
+                "phase": phase,
+                "hostIP": "127.0.0.1",
+                "podIP": "127.0.0.1",
+                "startTime": now,
+                "conditions": [
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                    {"type": "ContainersReady", "status": status, "lastTransitionTime": now},
+                    {"type": "Ready", "status": status, "lastTransitionTime": now},
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                ],
+                "containerStatuses": container_statuses,
+            }
+        });
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(list.items.len())
+}
