@@ -195,10 +195,7 @@ EOF
 
 cmd_up() {
   cmd_install
-  if [[ -f "$ENV_FILE" ]] && cmd_status >/dev/null 2>&1; then
-    log "already up; env file: $ENV_FILE"
-    return
-  fi
+  # Always start afresh: state left by a killed session is not trusted.
   cmd_down >/dev/null 2>&1 || true
   rm -rf "$RUN"
   mkdir -p "$RUN"
@@ -253,13 +250,26 @@ EOF
   log "env file: $ENV_FILE"
 }
 
+# The pid in $RUN/NAME.pid, if that process is still the one we started (pids get reused).
+our_pid() {
+  local name="$1" pidfile="$RUN/$1.pid" pid marker
+  [[ -f "$pidfile" ]] || return 1
+  pid="$(cat "$pidfile")"
+  marker="$name"
+  [[ "$name" == kafka ]] && marker="kafka.Kafka"
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$marker" || return 1
+  echo "$pid"
+}
+
 cmd_down() {
   local stopped=0
   for name in kube-controller-manager kube-apiserver etcd kafka; do
     local pidfile="$RUN/$name.pid"
-    [[ -f "$pidfile" ]] || continue
     local pid
-    pid="$(cat "$pidfile")"
+    if ! pid="$(our_pid "$name")"; then
+      rm -f "$pidfile"
+      continue
+    fi
     if kill "$pid" 2>/dev/null; then
       for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
       kill -9 "$pid" 2>/dev/null || true
@@ -274,9 +284,9 @@ cmd_down() {
 cmd_status() {
   local ok=0
   for name in kafka etcd kube-apiserver kube-controller-manager; do
-    local pidfile="$RUN/$name.pid"
-    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      printf '%-24s running (pid %s)\n' "$name" "$(cat "$pidfile")"
+    local pid
+    if pid="$(our_pid "$name")"; then
+      printf '%-24s running (pid %s)\n' "$name" "$pid"
     else
       printf '%-24s not running\n' "$name"
       ok=1
