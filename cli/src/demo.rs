@@ -48,7 +48,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// The request stream: Zipf-distributed routes, plus one route whose share grows from nothing
-/// to a third of the traffic over the first minute.
+/// (after 5 s) to a third of the traffic (after 45 s), overtaking the head within ~20 s.
 struct Generator {
     rng: StdRng,
     zipf: Zipf<f64>,
@@ -69,7 +69,7 @@ impl Generator {
 
     fn trending_share(&self) -> f64 {
         let secs = self.started.elapsed().as_secs_f64();
-        ((secs - 10.0) / 60.0).clamp(0.0, 1.0) * 0.33
+        ((secs - 5.0) / 40.0).clamp(0.0, 1.0) * 0.33
     }
 
     /// One request, counted twice: in the global scope and in its region's scope.
@@ -79,8 +79,9 @@ impl Generator {
             TRENDING.to_owned()
         } else {
             let rank = self.rng.sample(self.zipf) as usize;
-            let resource = RESOURCES[rank % RESOURCES.len()];
-            format!("GET /v1/{resource}/{}", rank / RESOURCES.len())
+            // Spread ranks over resources by a multiplicative hash so that the heads differ.
+            let resource = RESOURCES[rank.wrapping_mul(0x9e37_79b9) >> 8 & (RESOURCES.len() - 1)];
+            format!("GET /v1/{resource}/{rank}")
         };
         let region = REGIONS[self.rng.random_range(0..REGIONS.len())];
         let time = now - self.rng.random_range(0..500);
