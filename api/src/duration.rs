@@ -1,4 +1,6 @@
-//! Durations as users write them: `500ms`, `10s`, `5m`, `1h`, `1d`, or sums like `1h30m`.
+//! Durations as users write them: `500ms`, `10s`, `5m`, `1h`, or sums like `1h30m`. The units
+//! are those of Go's `time.ParseDuration`, so the CRD's CEL rules (`duration(...)`) read the
+//! same strings; a day is `24h`.
 
 use std::fmt;
 
@@ -50,9 +52,8 @@ impl Duration {
                 "s" => 1_000,
                 "m" => 60_000,
                 "h" => 3_600_000,
-                "d" => 86_400_000,
-                "" => return Err(fail("missing unit (ms, s, m, h or d)")),
-                _ => return Err(fail("unknown unit; use ms, s, m, h or d")),
+                "" => return Err(fail("missing unit (ms, s, m or h)")),
+                _ => return Err(fail("unknown unit; use ms, s, m or h (a day is 24h)")),
             };
             rest = &rest[unit_len..];
             total = value
@@ -66,13 +67,7 @@ impl Duration {
 
 impl fmt::Display for Duration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let units = [
-            (86_400_000, "d"),
-            (3_600_000, "h"),
-            (60_000, "m"),
-            (1_000, "s"),
-            (1, "ms"),
-        ];
+        let units = [(3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms")];
         if self.millis == 0 {
             return f.write_str("0s");
         }
@@ -84,6 +79,25 @@ impl fmt::Display for Duration {
             }
         }
         Ok(())
+    }
+}
+
+/// In the CRD: a string of Go duration units, so CEL's `duration()` can read it.
+impl schemars::JsonSchema for Duration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^([0-9]+(ms|s|m|h))+$",
+            "maxLength": 32,
+        })
     }
 }
 
@@ -111,7 +125,7 @@ mod tests {
             ("10s", 10_000),
             ("5m", 300_000),
             ("1h30m", 5_400_000),
-            ("1d", 86_400_000),
+            ("24h", 86_400_000),
         ] {
             let d = Duration::parse(text).unwrap();
             assert_eq!(d.as_millis(), ms, "{text}");
@@ -121,7 +135,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_text_with_a_reason() {
-        for text in ["", "10", "s", "10x", "-5s", "99999999999999999999s"] {
+        for text in ["", "10", "s", "10x", "1d", "-5s", "99999999999999999999s"] {
             let err = Duration::parse(text).unwrap_err().to_string();
             assert!(err.contains(&format!("{text:?}")), "{err}");
         }

@@ -1,5 +1,8 @@
 //! The `TopKMetric` manifest: the same YAML a platform team applies to a cluster.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
 
@@ -21,31 +24,72 @@ const DEFAULT_EPSILON: f64 = 0.0001;
 const DEFAULT_DELTA: f64 = 0.01;
 const DEFAULT_CANDIDATES: u32 = 1000;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TopKMetric {
-    pub api_version: String,
-    pub kind: String,
-    pub metadata: ObjectMeta,
-    pub spec: TopKMetricSpec,
-}
-
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectMeta {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Desired state of a ranked metric. `kubectl get topkmetrics` (short name `tkm`) shows its
+/// readiness, workers, leader and freshness; `kubectl scale tkm/NAME --replicas=N` sets the
+/// worker replicas.
+#[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "topk.io",
+    version = "v1alpha1",
+    kind = "TopKMetric",
+    plural = "topkmetrics",
+    shortname = "tkm",
+    category = "topk",
+    namespaced,
+    status = "TopKMetricStatus",
+    derive = "PartialEq",
+    scale(
+        spec_replicas_path = ".spec.workers.replicas",
+        status_replicas_path = ".status.workers.replicas",
+        label_selector_path = ".status.workers.selector"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Workers",
+        type_ = "string",
+        json_path = ".status.workers.summary"
+    ),
+    printcolumn(name = "Shards", type_ = "integer", json_path = ".spec.shards"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Leader", type_ = "string", json_path = ".status.leader"),
+    printcolumn(
+        name = "Watermark lag",
+        type_ = "string",
+        json_path = ".status.watermarkLag"
+    ),
+    printcolumn(
+        name = "Exact until",
+        type_ = "string",
+        json_path = ".status.exactUntil"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(
+    validation = Rule::new("!has(self.workers) || (self.workers.replicas >= 1 && self.workers.replicas <= self.shards)")
+        .message("workers.replicas must be between 1 and shards; lower the replicas or raise shards (shards cannot change later)"),
+    validation = Rule::new("!has(self.sketch) || self.mode == 'approximate'")
+        .message("sketch is only allowed with mode: approximate; remove sketch or set mode: approximate")
+)]
 pub struct TopKMetricSpec {
     /// Events whose `metric` field equals this are counted; others are skipped.
+    #[schemars(length(min = 1, max = 253))]
     pub metric: String,
     pub source: Source,
-    /// Logical shards: the partitions of the input topic.
+    /// Logical shards: the partitions of the input topic. Fixed once set.
+    #[schemars(range(min = 1, max = 4096))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("shards cannot change once set; create a new TopKMetric (and topic) to reshard"))]
     pub shards: u32,
+    /// The longest list served per (scope, window).
+    #[schemars(range(min = 1, max = 100000))]
     pub k: u32,
     #[serde(default)]
     pub mode: ModeName,
@@ -59,24 +103,44 @@ pub struct TopKMetricSpec {
     pub max_future_skew: Option<Duration>,
     /// Longest accepted key, in UTF-8 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
     pub max_key_bytes: Option<u32>,
+    #[schemars(length(min = 1, max = 16))]
     pub windows: Vec<WindowSpec>,
+    /// Counter (worker) pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<WorkersSpec>,
+    /// Reducer pods (merge and query API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reducers: Option<ReducersSpec>,
+    /// Keys removed from every published list (counting is untouched).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10000))]
+    pub deny_keys: Vec<String>,
+    /// Stops every change the operator would make, and says so in a condition.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// What happens to the internal Kafka topics when the TopKMetric is deleted.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Source {
     pub kafka: KafkaSource,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KafkaSource {
+    #[schemars(length(min = 1, max = 2048))]
     pub bootstrap_servers: String,
+    #[schemars(length(min = 1, max = 249))]
     pub topic: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum ModeName {
     #[default]
@@ -84,7 +148,16 @@ pub enum ModeName {
     Approximate,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Keep the internal topics.
+    #[default]
+    Retain,
+    /// Remove the internal topics with the TopKMetric.
+    Delete,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SketchSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -95,9 +168,18 @@ pub struct SketchSpec {
     pub candidates: Option<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(
+    validation = Rule::new("(has(self.allTime) && self.allTime) || (has(self.length) && has(self.bucket))")
+        .message("a sliding window needs both length and bucket (or set allTime: true)"),
+    validation = Rule::new("!(has(self.allTime) && self.allTime) || !has(self.length)")
+        .message("an allTime window has no length; remove length"),
+    validation = Rule::new("!has(self.length) || !has(self.bucket) || duration(self.length).getMilliseconds() % duration(self.bucket).getMilliseconds() == 0")
+        .message("bucket must divide length evenly, e.g. length 1h with bucket 1m")
+)]
 pub struct WindowSpec {
+    #[schemars(length(min = 1, max = 32))]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length: Option<Duration>,
@@ -108,26 +190,120 @@ pub struct WindowSpec {
     pub all_time: bool,
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkersSpec {
+    #[serde(default = "one")]
+    pub replicas: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReducersSpec {
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 16))]
+    pub replicas: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Observed state, written by the operator and the reducer.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopKMetricStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<WorkersStatus>,
+    /// Version of the shard assignment table in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment_version: Option<u64>,
+    /// End of the last contiguous exactly recounted hour (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_until: Option<String>,
+    /// Top key of the first window's global list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// How far the first window's watermark trails the wall clock, e.g. `4s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_lag: Option<String>,
+    /// A bounded summary of the global lists (top few per window), never the full lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rankings: Vec<RankingSummary>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkersStatus {
+    pub replicas: i32,
+    pub ready: i32,
+    /// Label selector of the worker pods (for the scale subresource).
+    pub selector: String,
+    /// `ready/desired`, for the printer column.
+    pub summary: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RankingSummary {
+    pub window: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<String>,
+    pub items: Vec<RankingSummaryItem>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RankingSummaryItem {
+    pub rank: u32,
+    pub key: String,
+    pub count: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Header {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+}
+
 /// Parses a YAML manifest and checks its header. Call [`TopKMetricSpec::engine_config`] to
 /// validate the spec.
 pub fn load_manifest(yaml: &str) -> Result<TopKMetric, ApiError> {
-    let metric: TopKMetric =
-        serde_saphyr::from_str(yaml).map_err(|e| ApiError::Parse(e.to_string()))?;
+    let parse = |e: serde_saphyr::Error| ApiError::Parse(e.to_string());
+    let header: Header = serde_saphyr::from_str(yaml).map_err(parse)?;
     let mut problems = Vec::new();
-    if metric.api_version != API_VERSION {
+    if header.api_version != API_VERSION {
         problems.push(format!(
             "apiVersion must be {API_VERSION}, got {:?}",
-            metric.api_version
+            header.api_version
         ));
     }
-    if metric.kind != KIND {
-        problems.push(format!("kind must be {KIND}, got {:?}", metric.kind));
-    }
-    if metric.metadata.name.is_empty() {
-        problems.push("metadata.name must not be empty".into());
+    if header.kind != KIND {
+        problems.push(format!("kind must be {KIND}, got {:?}", header.kind));
     }
     if !problems.is_empty() {
         return Err(ApiError::Invalid(problems));
+    }
+    let metric: TopKMetric = serde_saphyr::from_str(yaml).map_err(parse)?;
+    if metric
+        .metadata
+        .name
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        return Err(ApiError::Invalid(vec![
+            "metadata.name must not be empty".into(),
+        ]));
     }
     Ok(metric)
 }

@@ -28,6 +28,8 @@ enum Command {
     Run(run::RunArgs),
     /// Generate a skewed stream with a trending key, count it, serve it, print the top 5.
     Demo(demo::DemoArgs),
+    /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
+    Crd,
 }
 
 #[tokio::main]
@@ -43,6 +45,9 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args).await,
         Command::Demo(args) => demo::demo(args).await,
+        Command::Crd => topk_api::crd::crd_yaml()
+            .map(|yaml| print!("{yaml}"))
+            .map_err(error::CliError::from),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

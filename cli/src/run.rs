@@ -62,7 +62,7 @@ pub fn load_config(file: Option<&PathBuf>) -> Result<(String, EngineConfig), Cli
     };
     let manifest = load_manifest(&text)?;
     let cfg = manifest.spec.engine_config()?;
-    Ok((manifest.metadata.name, cfg))
+    Ok((manifest.metadata.name.unwrap_or_default(), cfg))
 }
 
 pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {

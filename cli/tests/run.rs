@@ -255,3 +255,15 @@ fn reads_stdin_with_the_embedded_default_manifest() {
     assert_eq!(doc["accepted"], 3);
     assert_eq!(doc["rankings"][0]["items"][0]["count"], 3);
 }
+
+#[test]
+fn crd_subcommand_prints_the_committed_crd() {
+    let out = topk().arg("crd").output().unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crds/topkmetrics.topk.io.yaml"
+    ))
+    .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), committed);
+}

@@ -1,0 +1,161 @@
+//! The generated CRD against the real kube-apiserver: installs, accepts the documented
+//! manifest, and its CEL rules reject bad specs with messages that say what to change.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use topk_api::TopKMetric;
+use topk_testenv::{TestEnv, await_some};
+
+const MANAGER: &str = "topk-crd-test";
+
+const EXAMPLE: &str = r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {name: api-requests}
+spec:
+  metric: api_requests
+  source: {kafka: {bootstrapServers: "kafka:9092", topic: api-events}}
+  shards: 4
+  k: 100
+  mode: approximate
+  sketch: {epsilon: 0.0001, delta: 0.01, candidates: 1000}
+  allowedLateness: 2m
+  workers: {replicas: 2}
+  windows:
+    - {name: 1m, length: 1m, bucket: 10s}
+    - {name: 1h, length: 1h, bucket: 1m}
+    - {name: all, allTime: true}
+"#;
+
+async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = topk_api::crd::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply CRD");
+    await_some(
+        "the CRD to be established",
+        Duration::from_secs(60),
+        || async {
+            let status = crds.get(&name).await.ok()?.status?;
+            status
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+fn manifest(edit: impl Fn(&str) -> String) -> TopKMetric {
+    topk_api::load_manifest(&edit(EXAMPLE)).expect("manifest parses")
+}
+
+/// Creates the object, retrying while the apiserver's discovery catches up with a new CRD.
+async fn create(api: &Api<TopKMetric>, obj: &TopKMetric) -> Result<TopKMetric, kube::Error> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.create(&PostParams::default(), obj).await {
+            Err(kube::Error::Api(s)) if s.code == 404 && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test]
+async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_messages() {
+    let Some(env) = TestEnv::get("TopKMetric CRD") else {
+        return;
+    };
+    let client = env.kube_client().await.expect("client");
+    install_crd(&client).await;
+    let ns = env.namespace(&client, "crd").await.expect("namespace");
+    let api: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+
+    let created = create(&api, &manifest(|m| m.to_owned()))
+        .await
+        .expect("the documented manifest is accepted");
+    assert_eq!(created.spec.shards, 4);
+
+    let cases: [(&str, fn(&str) -> String, &str); 4] = [
+        (
+            "bucket-7s",
+            |m| m.replace("bucket: 10s", "bucket: 7s"),
+            "bucket must divide length evenly",
+        ),
+        (
+            "exact-sketch",
+            |m| m.replace("mode: approximate", "mode: exact"),
+            "sketch is only allowed with mode: approximate",
+        ),
+        (
+            "too-many-workers",
+            |m| m.replace("replicas: 2", "replicas: 5"),
+            "workers.replicas must be between 1 and shards",
+        ),
+        (
+            "no-bucket",
+            |m| {
+                m.replace(
+                    "{name: 1h, length: 1h, bucket: 1m}",
+                    "{name: 1h, length: 1h}",
+                )
+            },
+            "a sliding window needs both length and bucket",
+        ),
+    ];
+    for (name, edit, message) in cases {
+        let mut bad = manifest(edit);
+        bad.metadata.name = Some(name.to_owned());
+        match create(&api, &bad).await {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{name}: {}", status.message);
+                assert!(
+                    status.message.contains(message),
+                    "{name}: {}",
+                    status.message
+                );
+            }
+            other => panic!("{name}: expected a rejection, got {other:?}"),
+        }
+    }
+
+    // shards is immutable; the scale subresource moves workers.replicas.
+    let patch = serde_json::json!({"spec": {"shards": 8}});
+    match api
+        .patch(
+            "api-requests",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains("shards cannot change"),
+            "{}",
+            status.message
+        ),
+        other => panic!("expected shards to be immutable, got {other:?}"),
+    }
+    let scale = serde_json::json!({"spec": {"replicas": 3}});
+    api.patch_scale(
+        "api-requests",
+        &PatchParams::default(),
+        &Patch::Merge(&scale),
+    )
+    .await
+    .expect("scale");
+    let scaled = api.get("api-requests").await.expect("get");
+    assert_eq!(scaled.spec.workers.map(|w| w.replicas), Some(3));
+}
