@@ -27,6 +27,8 @@ const DEFAULT_CANDIDATES: u32 = 1000;
 /// Desired state of a ranked metric. `kubectl get topkmetrics` (short name `tkm`) shows its
 /// readiness, workers, leader and freshness; `kubectl scale tkm/NAME --replicas=N` sets the
 /// worker replicas.
+// kube's repeated `printcolumn(name = .., type_ = ..)` entries look like duplicates to clippy.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "topk.io",

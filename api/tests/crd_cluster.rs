@@ -11,6 +11,9 @@ use topk_testenv::{TestEnv, await_some};
 
 const MANAGER: &str = "topk-crd-test";
 
+/// Turns the example manifest into a variant.
+type Edit = fn(&str) -> String;
+
 const EXAMPLE: &str = r#"
 apiVersion: topk.io/v1alpha1
 kind: TopKMetric
@@ -88,7 +91,7 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
         .expect("the documented manifest is accepted");
     assert_eq!(created.spec.shards, 4);
 
-    let cases: [(&str, fn(&str) -> String, &str); 4] = [
+    let cases: [(&str, Edit, &str); 4] = [
         (
             "bucket-7s",
             |m| m.replace("bucket: 10s", "bucket: 7s"),
