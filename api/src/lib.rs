@@ -1,6 +1,7 @@
 //! The `TopKMetric` manifest (what users write), its validation, and the JSON records the
 //! query API serves.
 
+pub mod assignment;
 pub mod crd;
 pub mod duration;
 pub mod error;

@@ -1,0 +1,4 @@
+//! The TopKMetric operator: pure planning and object builders, and the thin reconcile loop
+//! that applies them with server-side apply.
+
+pub mod planner;
