@@ -1,0 +1,26 @@
+use thiserror::Error;
+
+/// Everything that can fail in a reconcile; `metric_label` feeds the failures-by-reason
+/// counter and Event reasons.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("object is missing {0}")]
+    MissingObjectKey(&'static str),
+    #[error("building an object: {0}")]
+    Build(serde_json::Error),
+    #[error("assignment table in ConfigMap {0} is unreadable: {1}")]
+    Assignment(String, serde_json::Error),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::MissingObjectKey(_) => "missing_key",
+            Error::Build(_) => "build",
+            Error::Assignment(..) => "assignment",
+        }
+    }
+}
