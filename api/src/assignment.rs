@@ -32,6 +32,10 @@ impl AssignmentTable {
 
     /// Shards owned by `worker`.
     pub fn shards_of(&self, worker: u32) -> Vec<u32> {
-        self.shards.iter().filter(|o| o.worker == worker).map(|o| o.shard).collect()
+        self.shards
+            .iter()
+            .filter(|o| o.worker == worker)
+            .map(|o| o.shard)
+            .collect()
     }
 }

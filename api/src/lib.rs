@@ -10,5 +10,5 @@ pub mod record;
 
 pub use duration::Duration;
 pub use error::ApiError;
-pub use manifest::{DEFAULT_MANIFEST, TopKMetric, TopKMetricSpec, load_manifest};
+pub use manifest::{DEFAULT_MANIFEST, TopKMetric, TopKMetricSpec, TopKMetricStatus, load_manifest};
 pub use record::{RankingIndexEntry, RankingRecord};

@@ -3,13 +3,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
 use topk_api::TopKMetric;
-use topk_testenv::{TestEnv, await_some};
-
-const MANAGER: &str = "topk-crd-test";
+use topk_testenv::{TestEnv, install_crd};
 
 /// Turns the example manifest into a variant.
 type Edit = fn(&str) -> String;
@@ -32,32 +29,6 @@ spec:
     - {name: 1h, length: 1h, bucket: 1m}
     - {name: all, allTime: true}
 "#;
-
-async fn install_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = topk_api::crd::crd();
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    crds.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("apply CRD");
-    await_some(
-        "the CRD to be established",
-        Duration::from_secs(60),
-        || async {
-            let status = crds.get(&name).await.ok()?.status?;
-            status
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        },
-    )
-    .await;
-}
 
 fn manifest(edit: impl Fn(&str) -> String) -> TopKMetric {
     topk_api::load_manifest(&edit(EXAMPLE)).expect("manifest parses")
@@ -82,7 +53,9 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
         return;
     };
     let client = env.kube_client().await.expect("client");
-    install_crd(&client).await;
+    install_crd(&client, &topk_api::crd::crd())
+        .await
+        .expect("install CRD");
     let ns = env.namespace(&client, "crd").await.expect("namespace");
     let api: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
 

@@ -80,8 +80,14 @@ pub fn labels(metric: &TopKMetric, component: &str) -> BTreeMap<String, String> 
     BTreeMap::from([
         ("app.kubernetes.io/name".to_owned(), "topk".to_owned()),
         ("app.kubernetes.io/instance".to_owned(), metric.name_any()),
-        ("app.kubernetes.io/component".to_owned(), component.to_owned()),
-        ("app.kubernetes.io/managed-by".to_owned(), "topk-operator".to_owned()),
+        (
+            "app.kubernetes.io/component".to_owned(),
+            component.to_owned(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            "topk-operator".to_owned(),
+        ),
     ])
 }
 
@@ -102,7 +108,9 @@ fn selector_labels(metric: &TopKMetric, component: &str) -> Value {
 }
 
 fn owner(metric: &TopKMetric) -> Result<OwnerReference, Error> {
-    metric.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("metadata.uid"))
+    metric
+        .controller_owner_ref(&())
+        .ok_or(Error::MissingObjectKey("metadata.uid"))
 }
 
 fn typed<T: DeserializeOwned>(value: Value) -> Result<T, Error> {
@@ -136,7 +144,11 @@ pub fn config_hash(config: &str) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(config.as_bytes()))
 }
 
-pub fn desired(metric: &TopKMetric, table: &AssignmentTable, settings: &Settings) -> Result<Desired, Error> {
+pub fn desired(
+    metric: &TopKMetric,
+    table: &AssignmentTable,
+    settings: &Settings,
+) -> Result<Desired, Error> {
     let names = Names::of(metric);
     let config = rendered_config(metric)?;
     let hash = config_hash(&config);
@@ -214,7 +226,11 @@ fn statefulset(
     settings: &Settings,
     with_state: bool,
 ) -> Result<StatefulSet, Error> {
-    let name = if component == "worker" { &names.worker } else { &names.reducer };
+    let name = if component == "worker" {
+        &names.worker
+    } else {
+        &names.reducer
+    };
     let mut pod_labels = labels(metric, component);
     pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
     let volume_claims = if with_state {

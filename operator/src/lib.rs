@@ -1,6 +1,10 @@
-//! The TopKMetric operator: pure planning and object builders, and the thin reconcile loop
-//! that applies them with server-side apply.
+//! The TopKMetric operator: pure planning, rollout steps and object builders, and the thin
+//! reconcile loop that applies them with server-side apply.
 
 pub mod builders;
 pub mod error;
+pub mod metrics;
 pub mod planner;
+pub mod reconcile;
+pub mod rollout;
+pub mod status;

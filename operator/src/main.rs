@@ -1,1 +1,88 @@
-fn main() {}
+//! `topk-operator`: reconciles TopKMetric resources.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use clap::Parser;
+use topk_operator::builders::Settings;
+use topk_operator::metrics::Metrics;
+use topk_operator::reconcile::{self, Context};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "topk-operator",
+    version,
+    about = "Reconciles TopKMetric resources"
+)]
+struct Args {
+    /// Address of /metrics and /healthz.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    listen: String,
+    /// Image of the data plane (worker, reducer).
+    #[arg(long, env = "TOPK_IMAGE")]
+    image: Option<String>,
+    /// Size of each worker's state volume.
+    #[arg(long, default_value = "1Gi")]
+    worker_storage: String,
+    /// Seconds a departing worker gets to release its shards before it is removed.
+    #[arg(long, default_value_t = 30)]
+    drain_seconds: u64,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let client = match kube::Client::try_default().await {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("topk-operator: cannot reach the Kubernetes API: {err}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let mut settings = Settings {
+        worker_storage: args.worker_storage,
+        ..Settings::default()
+    };
+    if let Some(image) = args.image {
+        settings.image = image;
+    }
+    let ctx = Arc::new(Context {
+        client,
+        settings,
+        metrics: Metrics::default(),
+        drain: Duration::from_secs(args.drain_seconds),
+    });
+    let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+        Ok(l) => l,
+        Err(err) => {
+            eprintln!("topk-operator: cannot listen on {}: {err}", args.listen);
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let metrics_ctx = ctx.clone();
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || async move { metrics_ctx.metrics.encode() }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }));
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(%err, "metrics server stopped");
+        }
+    });
+    tracing::info!("topk-operator started");
+    tokio::select! {
+        _ = reconcile::run(ctx) => {}
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+    }
+    std::process::ExitCode::SUCCESS
+}

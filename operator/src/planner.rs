@@ -11,7 +11,13 @@ pub fn plan(shards: u32, current: Option<&AssignmentTable>, workers: u32) -> Ass
     let Some(current) = current.filter(|c| c.shards.len() == shards as usize) else {
         return AssignmentTable {
             version: current.map_or(1, |c| c.version + 1),
-            shards: (0..shards).map(|shard| ShardOwner { shard, worker: shard % workers, epoch: 1 }).collect(),
+            shards: (0..shards)
+                .map(|shard| ShardOwner {
+                    shard,
+                    worker: shard % workers,
+                    epoch: 1,
+                })
+                .collect(),
         };
     };
 
@@ -57,7 +63,10 @@ pub fn plan(shards: u32, current: Option<&AssignmentTable>, workers: u32) -> Ass
         owner.worker = open.next().unwrap_or(0);
         owner.epoch += 1;
     }
-    AssignmentTable { version: current.version + 1, shards: next }
+    AssignmentTable {
+        version: current.version + 1,
+        shards: next,
+    }
 }
 
 #[cfg(test)]
@@ -71,7 +80,11 @@ mod tests {
             shards: owners
                 .iter()
                 .enumerate()
-                .map(|(s, w)| ShardOwner { shard: s as u32, worker: *w, epoch: 3 + s as u64 % 2 })
+                .map(|(s, w)| ShardOwner {
+                    shard: s as u32,
+                    worker: *w,
+                    epoch: 3 + s as u64 % 2,
+                })
                 .collect(),
         }
     }

@@ -11,7 +11,15 @@ fn fixture() -> TopKMetric {
 fn hash_of(metric: &TopKMetric) -> String {
     let table = plan(metric.spec.shards, None, 3);
     let d = desired(metric, &table, &Settings::default()).expect("desired");
-    let annotations = d.worker.spec.unwrap().template.metadata.unwrap().annotations.unwrap();
+    let annotations = d
+        .worker
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .annotations
+        .unwrap();
     annotations[CONFIG_HASH_ANNOTATION].clone()
 }
 
@@ -38,13 +46,23 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
         assert!(name.starts_with("api-requests-"), "{name}");
         assert_eq!(meta.namespace.as_deref(), Some("team-a"), "{name}");
         let owner = &meta.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("TopKMetric", "api-requests", Some(true)));
-        assert_eq!(meta.labels.as_ref().unwrap()["app.kubernetes.io/instance"], "api-requests");
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+            ("TopKMetric", "api-requests", Some(true))
+        );
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["app.kubernetes.io/instance"],
+            "api-requests"
+        );
     }
     let worker = d.worker.spec.as_ref().unwrap();
     assert_eq!(worker.replicas, Some(3));
     assert_eq!(worker.service_name.as_deref(), Some("api-requests-worker"));
-    assert_eq!(worker.volume_claim_templates.as_ref().unwrap().len(), 1, "RocksDB volume");
+    assert_eq!(
+        worker.volume_claim_templates.as_ref().unwrap().len(),
+        1,
+        "RocksDB volume"
+    );
     assert_eq!(d.reducer.spec.as_ref().unwrap().replicas, Some(1));
     let table_json = &d.assignment.data.as_ref().unwrap()["assignment.json"];
     let parsed: topk_api::assignment::AssignmentTable = serde_json::from_str(table_json).unwrap();
@@ -60,8 +78,16 @@ fn only_pipeline_changes_roll_the_pods() {
     scaled.spec.workers.as_mut().unwrap().replicas = 2;
     scaled.spec.paused = true;
     scaled.spec.deny_keys = vec!["spam".into()];
-    assert_eq!(hash_of(&base), hash_of(&scaled), "replicas, pause and deny list do not roll pods");
+    assert_eq!(
+        hash_of(&base),
+        hash_of(&scaled),
+        "replicas, pause and deny list do not roll pods"
+    );
     let mut changed = base.clone();
     changed.spec.k = 10;
-    assert_ne!(hash_of(&base), hash_of(&changed), "a pipeline change rolls pods");
+    assert_ne!(
+        hash_of(&base),
+        hash_of(&changed),
+        "a pipeline change rolls pods"
+    );
 }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -138,6 +139,58 @@ impl TestEnv {
             .await?;
         Ok(name)
     }
+}
+
+/// Server-side applies a CRD and waits until the apiserver serves it.
+pub async fn install_crd(
+    client: &Client,
+    crd: &CustomResourceDefinition,
+) -> Result<(), TestEnvError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().ok_or(TestEnvError::Missing {
+        path: PathBuf::from("crd"),
+        key: "metadata.name",
+    })?;
+    crds.patch(
+        &name,
+        &PatchParams::apply("topk-testenv").force(),
+        &Patch::Apply(crd),
+    )
+    .await?;
+    await_some(
+        "the CRD to be established",
+        Duration::from_secs(60),
+        || async {
+            let status = crds.get(&name).await.ok()?.status?;
+            status
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
+    // Discovery lags a moment behind Established: wait until the resource can be listed.
+    let gvk = kube::api::GroupVersionKind::gvk(
+        &crd.spec.group,
+        &crd.spec.versions[0].name,
+        &crd.spec.names.kind,
+    );
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural);
+    let objects: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    await_some(
+        "the CRD's resource to be served",
+        Duration::from_secs(30),
+        || async {
+            objects
+                .list(&ListParams::default().limit(1))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+    Ok(())
 }
 
 /// A name unique across tests and processes: `prefix-<pid>-<seq>-<time>`, lower case, short

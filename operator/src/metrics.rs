@@ -1,0 +1,72 @@
+//! Prometheus metrics of the operator.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    pub reason: &'static str,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    reconciles: Counter,
+    failures: Family<ErrorLabel, Counter>,
+    duration: Histogram,
+    moves: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("topk_operator");
+        let reconciles = Counter::default();
+        let failures = Family::<ErrorLabel, Counter>::default();
+        let duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        let moves = Counter::default();
+        registry.register("reconciles", "Reconciles run", reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles, by reason",
+            failures.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Reconcile duration",
+            duration.clone(),
+        );
+        registry.register("shard_moves", "Shards moved between workers", moves.clone());
+        Self {
+            registry,
+            reconciles,
+            failures,
+            duration,
+            moves,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn reconciled(&self, took: Duration) {
+        self.reconciles.inc();
+        self.duration.observe(took.as_secs_f64());
+    }
+
+    pub fn failure(&self, reason: &'static str) {
+        self.failures.get_or_create(&ErrorLabel { reason }).inc();
+    }
+
+    pub fn shard_moves(&self, n: u64) {
+        self.moves.inc_by(n);
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,358 @@
+//! The reconcile loop: observe -> validate -> plan -> build -> apply -> status.
+//! Objects are applied with server-side apply under one field manager, and only when their
+//! desired content changed (tracked by a hash annotation), so a settled TopKMetric costs reads
+//! only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+use topk_api::manifest::WorkersStatus;
+use topk_api::{TopKMetric, TopKMetricStatus};
+
+use crate::builders::{self, Names, Settings};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::rollout::{self, Observed};
+use crate::status::condition;
+
+pub const MANAGER: &str = "topk-operator";
+const APPLIED_HASH: &str = "topk.io/applied-hash";
+const TABLE_CHANGED_AT: &str = "topk.io/changed-at";
+
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub metrics: Metrics,
+    /// How long departing workers get to release shards before the StatefulSet shrinks.
+    pub drain: Duration,
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Runs the controller until the process stops.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    Controller::new(
+        Api::<TopKMetric>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<StatefulSet>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<ConfigMap>::all(client), watcher::Config::default())
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| async move {
+        if let Err(err) = result {
+            tracing::warn!(%err, "reconcile failed");
+        }
+    })
+    .await;
+}
+
+fn error_policy(metric: Arc<TopKMetric>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failure(err.metric_label());
+    tracing::warn!(name = %metric.name_any(), %err, "reconcile error");
+    Action::requeue(Duration::from_secs(10))
+}
+
+pub async fn reconcile(metric: Arc<TopKMetric>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(&metric, &ctx).await;
+    ctx.metrics.reconciled(started.elapsed());
+    result
+}
+
+async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, Error> {
+    let ns = metric
+        .namespace()
+        .ok_or(Error::MissingObjectKey("metadata.namespace"))?;
+    let client = &ctx.client;
+    let generation = metric.metadata.generation;
+    let previous = metric.status.clone().unwrap_or_default();
+    let mut status = previous.clone();
+    status.observed_generation = generation;
+    let at = now();
+    let cond = |type_: &str, ok: bool, reason: &str, message: String| {
+        condition(
+            &previous.conditions,
+            type_,
+            ok,
+            reason,
+            message,
+            generation,
+            &at,
+        )
+    };
+
+    if metric.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if let Err(err) = metric.spec.engine_config() {
+        status.conditions = vec![
+            cond(
+                "Ready",
+                false,
+                "InvalidSpec",
+                "the spec is invalid; see Degraded".into(),
+            ),
+            cond(
+                "Progressing",
+                false,
+                "InvalidSpec",
+                "nothing is changed until the spec is fixed".into(),
+            ),
+            cond("Degraded", true, "InvalidSpec", err.to_string()),
+        ];
+        write_status(metric, &ns, client, &previous, status).await?;
+        return Ok(Action::await_change());
+    }
+    if metric.spec.paused {
+        status.conditions = vec![
+            cond(
+                "Ready",
+                previous_ready(&previous),
+                "Paused",
+                "paused: the operator changes nothing".into(),
+            ),
+            cond(
+                "Progressing",
+                false,
+                "Paused",
+                "spec.paused is true; set it to false to resume".into(),
+            ),
+            cond("Degraded", false, "Paused", String::new()),
+        ];
+        write_status(metric, &ns, client, &previous, status).await?;
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+
+    let names = Names::of(metric);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let live_table = configmaps.get_opt(&names.assignment).await?;
+    let table = match &live_table {
+        Some(cm) => read_table(cm, &names.assignment)?,
+        None => None,
+    };
+    let table_age_ms = live_table.as_ref().and_then(|cm| {
+        let changed = cm
+            .annotations()
+            .get(TABLE_CHANGED_AT)?
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .ok()?;
+        Some(at.0.duration_since(changed).as_millis() as i64)
+    });
+    let worker_sts = statefulsets.get_opt(&names.worker).await?;
+    let ready_workers = worker_sts
+        .as_ref()
+        .and_then(|s| s.status.as_ref()?.ready_replicas)
+        .unwrap_or(0)
+        .max(0) as u32;
+    let shards = metric.spec.shards;
+    let desired_workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
+    let step = rollout::step(&Observed {
+        shards,
+        desired_workers,
+        table: table.as_ref(),
+        ready_workers,
+        table_age_ms,
+        drain_ms: ctx.drain.as_millis() as i64,
+    });
+
+    let mut desired = builders::desired(metric, &step.table, &ctx.settings)?;
+    if let Some(spec) = desired.worker.spec.as_mut() {
+        spec.replicas = Some(step.statefulset_replicas as i32);
+    }
+    if table.as_ref() != Some(&step.table) {
+        desired
+            .assignment
+            .annotations_mut()
+            .insert(TABLE_CHANGED_AT.to_owned(), at.0.to_string());
+        if let Some(old) = &table {
+            let moved = old
+                .shards
+                .iter()
+                .zip(&step.table.shards)
+                .filter(|(a, b)| a.worker != b.worker)
+                .count();
+            ctx.metrics.shard_moves(moved as u64);
+            tracing::info!(name = %metric.name_any(), version = step.table.version, moved, "assignment changed");
+        }
+    } else if let Some(changed) = live_table
+        .as_ref()
+        .and_then(|cm| cm.annotations().get(TABLE_CHANGED_AT))
+    {
+        desired
+            .assignment
+            .annotations_mut()
+            .insert(TABLE_CHANGED_AT.to_owned(), changed.clone());
+    }
+
+    apply(client, &ns, desired.config).await?;
+    apply(client, &ns, desired.assignment).await?;
+    apply(client, &ns, desired.service_account).await?;
+    apply(client, &ns, desired.role).await?;
+    apply(client, &ns, desired.role_binding).await?;
+    apply(client, &ns, desired.worker_service).await?;
+    apply(client, &ns, desired.worker_pdb).await?;
+    apply(client, &ns, desired.reducer_service).await?;
+    apply(client, &ns, desired.reducer_pdb).await?;
+    apply(client, &ns, desired.worker).await?;
+    apply(client, &ns, desired.reducer).await?;
+
+    let reducer_sts = statefulsets.get_opt(&names.reducer).await?;
+    let desired_reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
+    let ready_reducers = reducer_sts
+        .and_then(|s| s.status?.ready_replicas)
+        .unwrap_or(0)
+        .max(0) as u32;
+    let ready = step.progress.is_none()
+        && ready_workers >= desired_workers
+        && ready_reducers >= desired_reducers;
+    status.workers = Some(WorkersStatus {
+        replicas: desired_workers as i32,
+        ready: ready_workers.min(desired_workers) as i32,
+        selector: builders::selector(metric, "worker"),
+        summary: format!("{}/{}", ready_workers.min(desired_workers), desired_workers),
+    });
+    status.assignment_version = Some(step.table.version);
+    let progress = step.progress.clone();
+    status.conditions = vec![
+        cond(
+            "Ready",
+            ready,
+            if ready { "Ready" } else { "NotReady" },
+            if ready {
+                format!("{desired_workers} workers and {desired_reducers} reducers ready")
+            } else {
+                format!(
+                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}"
+                )
+            },
+        ),
+        cond(
+            "Progressing",
+            progress.is_some() || !ready,
+            if progress.is_some() {
+                "Rescaling"
+            } else if ready {
+                "Settled"
+            } else {
+                "Rolling"
+            },
+            progress.unwrap_or_else(|| {
+                if ready {
+                    "settled".into()
+                } else {
+                    "waiting for pods to be ready".into()
+                }
+            }),
+        ),
+        cond("Degraded", false, "AsExpected", String::new()),
+    ];
+    write_status(metric, &ns, client, &previous, status).await?;
+    let requeue = if step.progress.is_some() {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_secs(300)
+    };
+    Ok(Action::requeue(requeue))
+}
+
+fn previous_ready(status: &TopKMetricStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn read_table(cm: &ConfigMap, name: &str) -> Result<Option<AssignmentTable>, Error> {
+    let Some(text) = cm.data.as_ref().and_then(|d| d.get(ASSIGNMENT_KEY)) else {
+        return Ok(None);
+    };
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| Error::Assignment(name.to_owned(), e))
+}
+
+/// Server-side applies `obj` unless the live object already carries the hash of this exact
+/// desired content.
+async fn apply<K>(client: &Client, ns: &str, mut obj: K) -> Result<bool, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let body = serde_json::to_vec(&obj).map_err(Error::Build)?;
+    let hash = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&body));
+    let name = obj
+        .meta()
+        .name
+        .clone()
+        .ok_or(Error::MissingObjectKey("metadata.name"))?;
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let live = api.get_opt(&name).await?;
+    let live_hash = live
+        .as_ref()
+        .and_then(|l| l.meta().annotations.as_ref()?.get(APPLIED_HASH));
+    if live_hash == Some(&hash) {
+        return Ok(false);
+    }
+    obj.meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(APPLIED_HASH.to_owned(), hash);
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&obj),
+    )
+    .await?;
+    Ok(true)
+}
+
+async fn write_status(
+    metric: &TopKMetric,
+    ns: &str,
+    client: &Client,
+    previous: &TopKMetricStatus,
+    status: TopKMetricStatus,
+) -> Result<(), Error> {
+    if &status == previous {
+        return Ok(());
+    }
+    let api: Api<TopKMetric> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({
+        "status": {
+            "observedGeneration": status.observed_generation,
+            "conditions": status.conditions,
+            "workers": status.workers,
+            "assignmentVersion": status.assignment_version,
+        }
+    });
+    api.patch_status(
+        &metric.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}

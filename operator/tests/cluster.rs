@@ -1,0 +1,322 @@
+//! The operator against the real kube-apiserver and kube-controller-manager: owned objects,
+//! status, rescale ordering with epoch bumps, no writes when settled, cleanup on deletion.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use topk_api::TopKMetric;
+use topk_api::assignment::AssignmentTable;
+use topk_operator::builders::Settings;
+use topk_operator::metrics::Metrics;
+use topk_operator::reconcile::{self, Context};
+use topk_testenv::{TestEnv, await_some, install_crd, mark_pods_ready};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+const MANIFEST: &str = r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {name: clicks}
+spec:
+  metric: clicks
+  source: {kafka: {bootstrapServers: "kafka:9092", topic: clicks}}
+  shards: 4
+  k: 10
+  workers: {replicas: 2}
+  windows:
+    - {name: 1m, length: 1m, bucket: 10s}
+"#;
+
+fn context(client: Client) -> Arc<Context> {
+    Arc::new(Context {
+        client,
+        settings: Settings::default(),
+        metrics: Metrics::default(),
+        drain: Duration::from_secs(5),
+    })
+}
+
+/// A client that counts every request that is not a read.
+fn counting_client(env_client: &Client, config: kube::Config, writes: Arc<AtomicUsize>) -> Client {
+    let _ = env_client;
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        if req.method() != http::Method::GET {
+            writes.fetch_add(1, Ordering::SeqCst);
+        }
+        req
+    });
+    kube::client::ClientBuilder::try_from(config)
+        .expect("client builder")
+        .with_layer(&layer)
+        .build()
+}
+
+async fn table(configmaps: &Api<ConfigMap>) -> Option<AssignmentTable> {
+    let cm = configmaps.get_opt("clicks-assignment").await.ok()??;
+    serde_json::from_str(cm.data?.get("assignment.json")?).ok()
+}
+
+fn per_worker(table: &AssignmentTable) -> Vec<usize> {
+    let workers = table
+        .shards
+        .iter()
+        .map(|o| o.worker as usize + 1)
+        .max()
+        .unwrap_or(0);
+    (0..workers)
+        .map(|w| {
+            table
+                .shards
+                .iter()
+                .filter(|o| o.worker as usize == w)
+                .count()
+        })
+        .collect()
+}
+
+async fn condition(api: &Api<TopKMetric>, type_: &str) -> Option<String> {
+    let status = api.get("clicks").await.ok()?.status?;
+    status
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status)
+}
+
+async fn sts_replicas(api: &Api<StatefulSet>, name: &str) -> Option<i32> {
+    api.get_opt(name).await.ok()??.spec?.replicas
+}
+
+#[tokio::test]
+async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans_up() {
+    let Some(env) = TestEnv::get("operator") else {
+        return;
+    };
+    let client = env.kube_client().await.expect("client");
+    install_crd(&client, &topk_api::crd::crd())
+        .await
+        .expect("CRD");
+    let ns = env.namespace(&client, "op").await.expect("namespace");
+    let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+
+    let metric = topk_api::load_manifest(MANIFEST).expect("manifest");
+    metrics
+        .create(&PostParams::default(), &metric)
+        .await
+        .expect("create TopKMetric");
+    let controller = tokio::spawn(reconcile::run(context(client.clone())));
+
+    // Every owned object appears; the assignment spreads 4 shards over 2 workers at epoch 1.
+    let first = await_some("the assignment table", WAIT, || table(&configmaps)).await;
+    assert_eq!(per_worker(&first), vec![2, 2]);
+    assert!(first.shards.iter().all(|o| o.epoch == 1));
+    for name in ["clicks-config", "clicks-assignment"] {
+        assert!(
+            configmaps.get_opt(name).await.expect("get").is_some(),
+            "{name}"
+        );
+    }
+    for name in ["clicks-worker", "clicks-reducer"] {
+        assert!(
+            services.get_opt(name).await.expect("get").is_some(),
+            "{name}"
+        );
+        await_some(name, WAIT, || async {
+            statefulsets.get_opt(name).await.ok()?
+        })
+        .await;
+    }
+    assert_eq!(sts_replicas(&statefulsets, "clicks-worker").await, Some(2));
+
+    // Not ready until the pods are; the controller manager creates them, the test readies them.
+    assert_eq!(
+        await_some("a Ready condition", WAIT, || condition(&metrics, "Ready")).await,
+        "False"
+    );
+    let ready_all = || async {
+        mark_pods_ready(&client, &ns, "app.kubernetes.io/instance=clicks")
+            .await
+            .ok()?;
+        (condition(&metrics, "Ready").await? == "True").then_some(())
+    };
+    await_some("Ready=True", WAIT, ready_all).await;
+    let status = metrics
+        .get("clicks")
+        .await
+        .expect("get")
+        .status
+        .expect("status");
+    assert_eq!(
+        status.workers.as_ref().map(|w| w.summary.as_str()),
+        Some("2/2")
+    );
+    assert_eq!(
+        status.observed_generation,
+        metrics
+            .get("clicks")
+            .await
+            .expect("get")
+            .metadata
+            .generation
+    );
+
+    // Scale up through the scale subresource: the StatefulSet grows first; shards move only
+    // once the third worker is ready, each moved shard at a higher epoch.
+    let scale = serde_json::json!({"spec": {"replicas": 3}});
+    metrics
+        .patch_scale("clicks", &PatchParams::default(), &Patch::Merge(&scale))
+        .await
+        .expect("scale");
+    await_some("3 worker replicas", WAIT, || async {
+        (sts_replicas(&statefulsets, "clicks-worker").await? == 3).then_some(())
+    })
+    .await;
+    assert_eq!(
+        per_worker(&table(&configmaps).await.expect("table")),
+        vec![2, 2],
+        "no move before the new worker is ready"
+    );
+    let progressing = metrics
+        .get("clicks")
+        .await
+        .expect("get")
+        .status
+        .expect("status")
+        .conditions;
+    let message = progressing
+        .iter()
+        .find(|c| c.type_ == "Progressing")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("waiting for 3 ready workers"), "{message}");
+    let grown = await_some("shards on 3 workers", WAIT, || async {
+        mark_pods_ready(&client, &ns, "app.kubernetes.io/instance=clicks")
+            .await
+            .ok()?;
+        let t = table(&configmaps).await?;
+        (per_worker(&t).len() == 3).then_some(t)
+    })
+    .await;
+    let mut counts = per_worker(&grown);
+    counts.sort();
+    assert_eq!(counts, vec![1, 1, 2]);
+    for (before, after) in first.shards.iter().zip(&grown.shards) {
+        let want = if before.worker == after.worker {
+            before.epoch
+        } else {
+            before.epoch + 1
+        };
+        assert_eq!(after.epoch, want, "shard {}", before.shard);
+    }
+    assert!(grown.version > first.version);
+
+    // Scale down: shards leave worker 2 while it still runs, then the StatefulSet shrinks.
+    let scale = serde_json::json!({"spec": {"replicas": 2}});
+    metrics
+        .patch_scale("clicks", &PatchParams::default(), &Patch::Merge(&scale))
+        .await
+        .expect("scale");
+    let shrunk = await_some("shards back on 2 workers", WAIT, || async {
+        let t = table(&configmaps).await?;
+        (per_worker(&t).len() == 2).then_some(t)
+    })
+    .await;
+    assert_eq!(per_worker(&shrunk), vec![2, 2]);
+    assert_eq!(
+        sts_replicas(&statefulsets, "clicks-worker").await,
+        Some(3),
+        "the departing worker drains first"
+    );
+    await_some(
+        "the StatefulSet to shrink after the drain",
+        WAIT,
+        || async {
+            mark_pods_ready(&client, &ns, "app.kubernetes.io/instance=clicks")
+                .await
+                .ok()?;
+            (sts_replicas(&statefulsets, "clicks-worker").await? == 2).then_some(())
+        },
+    )
+    .await;
+    await_some("Ready=True again", WAIT, ready_all).await;
+
+    // Settled: another reconcile (as after an operator restart) makes no write at all.
+    controller.abort();
+    let writes = Arc::new(AtomicUsize::new(0));
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&env.kubeconfig).expect("kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("config");
+    let counted = counting_client(&client, config, writes.clone());
+    let current = Arc::new(metrics.get("clicks").await.expect("get"));
+    reconcile::reconcile(current, context(counted))
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        0,
+        "a settled TopKMetric costs no writes"
+    );
+
+    // An invalid spec that CEL cannot see is reported, not retried forever.
+    let bad = serde_json::json!({"spec": {"mode": "approximate", "sketch": {"candidates": 5}}});
+    metrics
+        .patch("clicks", &PatchParams::default(), &Patch::Merge(&bad))
+        .await
+        .expect("patch");
+    let controller = tokio::spawn(reconcile::run(context(client.clone())));
+    await_some("Degraded=True", WAIT, || async {
+        (condition(&metrics, "Degraded").await? == "True").then_some(())
+    })
+    .await;
+    let message = metrics
+        .get("clicks")
+        .await
+        .expect("get")
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Degraded")
+        .map(|c| c.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("candidates (5) must be at least k (10)"),
+        "{message}"
+    );
+
+    // Deleting the TopKMetric garbage collects everything it owns.
+    metrics
+        .delete("clicks", &DeleteParams::background())
+        .await
+        .expect("delete");
+    await_some("owned objects to be collected", WAIT, || async {
+        let left = configmaps
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|c| c.name_any().starts_with("clicks-"))
+            .count()
+            + statefulsets
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .len();
+        (left == 0).then_some(())
+    })
+    .await;
+    controller.abort();
+}
