@@ -8,3 +8,4 @@ pub mod planner;
 pub mod reconcile;
 pub mod rollout;
 pub mod status;
+pub mod topics;

@@ -58,6 +58,7 @@ async fn main() -> std::process::ExitCode {
         client,
         settings,
         metrics: Metrics::default(),
+        topics: Default::default(),
         drain: Duration::from_secs(args.drain_seconds),
     });
     let listener = match tokio::net::TcpListener::bind(&args.listen).await {

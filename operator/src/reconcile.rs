@@ -26,6 +26,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Observed};
 use crate::status::condition;
+use crate::topics::Admins;
 
 pub const MANAGER: &str = "topk-operator";
 const APPLIED_HASH: &str = "topk.io/applied-hash";
@@ -35,6 +36,7 @@ pub struct Context {
     pub client: Client,
     pub settings: Settings,
     pub metrics: Metrics,
+    pub topics: Admins,
     /// How long departing workers get to release shards before the StatefulSet shrinks.
     pub drain: Duration,
 }
@@ -141,6 +143,14 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
 
+    // Kafka problems do not stop the rollout of the objects; they keep the metric Degraded
+    // and not Ready until fixed.
+    let topic_problem = ctx.topics.ensure(metric, &ns).await.err();
+    if let Some(problem) = &topic_problem {
+        ctx.metrics.failure("kafka");
+        tracing::warn!(name = %metric.name_any(), reason = problem.reason(), "{}", problem.message());
+    }
+
     let names = Names::of(metric);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
@@ -221,7 +231,8 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         .and_then(|s| s.status?.ready_replicas)
         .unwrap_or(0)
         .max(0) as u32;
-    let ready = step.progress.is_none()
+    let ready = topic_problem.is_none()
+        && step.progress.is_none()
         && ready_workers >= desired_workers
         && ready_reducers >= desired_reducers;
     status.workers = Some(WorkersStatus {
@@ -263,10 +274,16 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
                 }
             }),
         ),
-        cond("Degraded", false, "AsExpected", String::new()),
+        match &topic_problem {
+            Some(problem) => cond("Degraded", true, problem.reason(), problem.message()),
+            None => cond("Degraded", false, "AsExpected", String::new()),
+        },
     ];
     write_status(metric, &ns, client, &previous, status).await?;
-    let requeue = if step.progress.is_some() {
+    // Kafka is not watched: look again soon while a topic problem lasts.
+    let requeue = if topic_problem.is_some() {
+        Duration::from_secs(10)
+    } else if step.progress.is_some() {
         Duration::from_secs(2)
     } else {
         Duration::from_secs(300)

@@ -9,6 +9,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use topk_api::TopKMetric;
 use topk_api::assignment::AssignmentTable;
 use topk_operator::builders::Settings;
@@ -24,7 +26,7 @@ kind: TopKMetric
 metadata: {name: clicks}
 spec:
   metric: clicks
-  source: {kafka: {bootstrapServers: "kafka:9092", topic: clicks}}
+  source: {kafka: {bootstrapServers: "BOOTSTRAP", topic: TOPIC}}
   shards: 4
   k: 10
   workers: {replicas: 2}
@@ -37,8 +39,21 @@ fn context(client: Client) -> Arc<Context> {
         client,
         settings: Settings::default(),
         metrics: Metrics::default(),
+        topics: Default::default(),
         drain: Duration::from_secs(5),
     })
+}
+
+async fn create_topic(env: &TestEnv, name: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = env.kafka_config().create().expect("admin");
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for r in admin
+        .create_topics([&topic], &AdminOptions::new())
+        .await
+        .expect("create topics")
+    {
+        r.expect("topic created");
+    }
 }
 
 /// A client that counts every request that is not a read.
@@ -107,15 +122,45 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
 
-    let metric = topk_api::load_manifest(MANIFEST).expect("manifest");
+    // The input topic does not exist yet: the metric is Degraded and says what to do.
+    let topic = topk_testenv::unique_name("clicks");
+    let manifest = MANIFEST
+        .replace("BOOTSTRAP", &env.kafka_bootstrap)
+        .replace("TOPIC", &topic);
+    let metric = topk_api::load_manifest(&manifest).expect("manifest");
     metrics
         .create(&PostParams::default(), &metric)
         .await
         .expect("create TopKMetric");
     let controller = tokio::spawn(reconcile::run(context(client.clone())));
+    let message = await_some("Degraded for the missing topic", WAIT, || async {
+        let status = metrics.get("clicks").await.ok()?.status?;
+        let degraded = status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")?;
+        (degraded.reason == "InputTopicMissing").then_some(degraded.message)
+    })
+    .await;
+    assert!(message.contains("create it with 4 partitions"), "{message}");
+    create_topic(&env, &topic, 4).await;
 
     // Every owned object appears; the assignment spreads 4 shards over 2 workers at epoch 1.
     let first = await_some("the assignment table", WAIT, || table(&configmaps)).await;
+    let internal = topk_operator::topics::internal_topics(&ns, "clicks", 4);
+    let admin: AdminClient<DefaultClientContext> = env.kafka_config().create().expect("admin");
+    await_some("the internal topics", WAIT, || async {
+        let md = admin
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(5))
+            .ok()?;
+        let names: Vec<&str> = md.topics().iter().map(|t| t.name()).collect();
+        internal
+            .iter()
+            .all(|t| names.contains(&t.name.as_str()))
+            .then_some(())
+    })
+    .await;
     assert_eq!(per_worker(&first), vec![2, 2]);
     assert!(first.shards.iter().all(|o| o.epoch == 1));
     for name in ["clicks-config", "clicks-assignment"] {
@@ -125,10 +170,7 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         );
     }
     for name in ["clicks-worker", "clicks-reducer"] {
-        assert!(
-            services.get_opt(name).await.expect("get").is_some(),
-            "{name}"
-        );
+        await_some(name, WAIT, || async { services.get_opt(name).await.ok()? }).await;
         await_some(name, WAIT, || async {
             statefulsets.get_opt(name).await.ok()?
         })

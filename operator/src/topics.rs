@@ -1,0 +1,189 @@
+//! Kafka topics of a TopKMetric: the input topic must exist with exactly `shards` partitions
+//! (partitions are the logical shards), and the internal topics are created when missing.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+use topk_api::TopKMetric;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the topics are not as the spec needs them; each becomes a `Degraded` reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicProblem {
+    Unreachable(String),
+    InputMissing {
+        topic: String,
+        shards: u32,
+    },
+    PartitionMismatch {
+        topic: String,
+        partitions: usize,
+        shards: u32,
+    },
+    CreateFailed {
+        topic: String,
+        error: String,
+    },
+}
+
+impl TopicProblem {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TopicProblem::Unreachable(_) => "KafkaUnreachable",
+            TopicProblem::InputMissing { .. } => "InputTopicMissing",
+            TopicProblem::PartitionMismatch { .. } => "PartitionMismatch",
+            TopicProblem::CreateFailed { .. } => "InternalTopicFailed",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            TopicProblem::Unreachable(e) => format!("cannot reach Kafka: {e}"),
+            TopicProblem::InputMissing { topic, shards } => {
+                format!(
+                    "input topic {topic:?} does not exist; create it with {shards} partitions (one per shard)"
+                )
+            }
+            TopicProblem::PartitionMismatch {
+                topic,
+                partitions,
+                shards,
+            } => format!(
+                "input topic {topic:?} has {partitions} partitions but spec.shards is {shards}; they must be equal"
+            ),
+            TopicProblem::CreateFailed { topic, error } => {
+                format!("cannot create internal topic {topic:?}: {error}")
+            }
+        }
+    }
+}
+
+/// An internal topic: its name, partitions and whether it is compacted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InternalTopic {
+    pub name: String,
+    pub partitions: i32,
+    pub compacted: bool,
+}
+
+/// The internal topics of a TopKMetric, namespaced so that equal names in two namespaces do
+/// not collide: summaries (worker -> reducer), shard snapshots (handoff, compacted, one
+/// partition per shard), exact hours (recount, compacted) and dead letters.
+pub fn internal_topics(namespace: &str, name: &str, shards: u32) -> Vec<InternalTopic> {
+    let topic = |suffix: &str, partitions: u32, compacted| InternalTopic {
+        name: format!("topk.{namespace}.{name}.{suffix}"),
+        partitions: partitions.max(1) as i32,
+        compacted,
+    };
+    vec![
+        topic("summaries", 1, false),
+        topic("snapshots", shards, true),
+        topic("exact-hours", 1, true),
+        topic("dead-letters", shards.min(16), false),
+    ]
+}
+
+/// Admin clients, one per bootstrap string, reused across reconciles.
+#[derive(Default)]
+pub struct Admins {
+    clients: Mutex<HashMap<String, std::sync::Arc<AdminClient<DefaultClientContext>>>>,
+}
+
+impl Admins {
+    fn get(
+        &self,
+        bootstrap: &str,
+    ) -> Result<std::sync::Arc<AdminClient<DefaultClientContext>>, TopicProblem> {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = clients.get(bootstrap) {
+            return Ok(c.clone());
+        }
+        let client: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("socket.timeout.ms", "5000")
+            .create()
+            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
+        let client = std::sync::Arc::new(client);
+        clients.insert(bootstrap.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    /// Checks the input topic and creates missing internal topics.
+    pub async fn ensure(&self, metric: &TopKMetric, namespace: &str) -> Result<(), TopicProblem> {
+        let kafka = &metric.spec.source.kafka;
+        let admin = self.get(&kafka.bootstrap_servers)?;
+        let input = kafka.topic.clone();
+        let shards = metric.spec.shards;
+        // Partitions of the input topic; None when it does not exist.
+        let partitions = {
+            let admin = admin.clone();
+            let input = input.clone();
+            tokio::task::spawn_blocking(move || {
+                let metadata = admin.inner().fetch_metadata(Some(&input), TIMEOUT)?;
+                let topic = metadata.topics().iter().find(|t| t.name() == input);
+                Ok::<_, rdkafka::error::KafkaError>(
+                    topic
+                        .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+                        .map(|t| t.partitions().len()),
+                )
+            })
+            .await
+            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?
+            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?
+        };
+        match partitions {
+            None => {
+                return Err(TopicProblem::InputMissing {
+                    topic: input,
+                    shards,
+                });
+            }
+            Some(n) if n != shards as usize => {
+                return Err(TopicProblem::PartitionMismatch {
+                    topic: input,
+                    partitions: n,
+                    shards,
+                });
+            }
+            Some(_) => {}
+        }
+        let name = kube::ResourceExt::name_any(metric);
+        let wanted = internal_topics(namespace, &name, shards);
+        let new: Vec<NewTopic<'_>> = wanted
+            .iter()
+            .map(|t| {
+                let topic = NewTopic::new(&t.name, t.partitions, TopicReplication::Fixed(-1));
+                if t.compacted {
+                    topic.set("cleanup.policy", "compact")
+                } else {
+                    topic
+                }
+            })
+            .collect();
+        let results = admin
+            .create_topics(
+                new.iter(),
+                &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
+            )
+            .await
+            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    return Err(TopicProblem::CreateFailed {
+                        topic,
+                        error: code.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
