@@ -226,19 +226,24 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         vec![2, 2],
         "no move before the new worker is ready"
     );
-    let progressing = metrics
-        .get("clicks")
-        .await
-        .expect("get")
-        .status
-        .expect("status")
-        .conditions;
-    let message = progressing
-        .iter()
-        .find(|c| c.type_ == "Progressing")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
-    assert!(message.contains("waiting for 3 ready workers"), "{message}");
+    // The status is written at the end of the reconcile that grew the StatefulSet.
+    await_some(
+        "Progressing to say it waits for the new worker",
+        WAIT,
+        || async {
+            let conditions = metrics.get("clicks").await.ok()?.status?.conditions;
+            let progressing = conditions.into_iter().find(|c| c.type_ == "Progressing")?;
+            progressing
+                .message
+                .contains("waiting for 3 ready workers")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        per_worker(&table(&configmaps).await.expect("table")),
+        vec![2, 2]
+    );
     let grown = await_some("shards on 3 workers", WAIT, || async {
         mark_pods_ready(&client, &ns, "app.kubernetes.io/instance=clicks")
             .await
