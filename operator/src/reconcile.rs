@@ -18,7 +18,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
-use topk_api::manifest::WorkersStatus;
+use topk_api::manifest::{DeletionPolicy, WorkersStatus};
 use topk_api::{TopKMetric, TopKMetricStatus};
 
 use crate::builders::{self, Names, Settings};
@@ -31,6 +31,9 @@ use crate::topics::Admins;
 pub const MANAGER: &str = "topk-operator";
 const APPLIED_HASH: &str = "topk.io/applied-hash";
 const TABLE_CHANGED_AT: &str = "topk.io/changed-at";
+pub const FINALIZER: &str = "topk.io/delete-topics";
+/// How long deletion waits for an unreachable broker before leaving the topics behind.
+const FINALIZER_DEADLINE: Duration = Duration::from_secs(600);
 
 pub struct Context {
     pub client: Client,
@@ -101,8 +104,8 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         )
     };
 
-    if metric.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+    if let Some(action) = finalize(metric, &ns, ctx).await? {
+        return Ok(action);
     }
     if let Err(err) = metric.spec.engine_config() {
         status.conditions = vec![
@@ -289,6 +292,60 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         Duration::from_secs(300)
     };
     Ok(Action::requeue(requeue))
+}
+
+/// Keeps the `topk.io/delete-topics` finalizer in step with `deletionPolicy`, and on deletion
+/// removes the internal topics before letting the object go. A broker that stays unreachable
+/// for `FINALIZER_DEADLINE` does not block the deletion forever: the topics are then left and
+/// the finalizer removed with a warning. Returns an action when the reconcile ends here.
+async fn finalize(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Option<Action>, Error> {
+    let api: Api<TopKMetric> = Api::namespaced(ctx.client.clone(), ns);
+    let has = metric.finalizers().iter().any(|f| f == FINALIZER);
+    let wants = metric.spec.deletion_policy == DeletionPolicy::Delete;
+    let set_finalizer = |present: bool| {
+        let mut list: Vec<String> = metric
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        if present {
+            list.push(FINALIZER.to_owned());
+        }
+        // The resourceVersion makes the patch fail rather than drop a finalizer added meanwhile.
+        serde_json::json!({"metadata": {"finalizers": list, "resourceVersion": metric.resource_version()}})
+    };
+    if let Some(deleted_at) = &metric.meta().deletion_timestamp {
+        if !has {
+            return Ok(Some(Action::await_change()));
+        }
+        if wants {
+            if let Err(problem) = ctx.topics.delete(metric, ns).await {
+                let waited = now().0.duration_since(deleted_at.0).as_secs_f64();
+                if waited < FINALIZER_DEADLINE.as_secs_f64() {
+                    tracing::warn!(name = %metric.name_any(), "cannot delete internal topics yet: {}", problem.message());
+                    return Ok(Some(Action::requeue(Duration::from_secs(10))));
+                }
+                tracing::warn!(name = %metric.name_any(), "giving up deleting internal topics after {waited:.0}s: {}", problem.message());
+            }
+        }
+        api.patch(
+            &metric.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&set_finalizer(false)),
+        )
+        .await?;
+        return Ok(Some(Action::await_change()));
+    }
+    if wants != has {
+        api.patch(
+            &metric.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&set_finalizer(wants)),
+        )
+        .await?;
+    }
+    Ok(None)
 }
 
 fn previous_ready(status: &TopKMetricStatus) -> bool {

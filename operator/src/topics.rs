@@ -186,4 +186,31 @@ impl Admins {
         }
         Ok(())
     }
+
+    /// Deletes the internal topics (for `deletionPolicy: Delete`). Topics already gone are fine.
+    pub async fn delete(&self, metric: &TopKMetric, namespace: &str) -> Result<(), TopicProblem> {
+        let admin = self.get(&metric.spec.source.kafka.bootstrap_servers)?;
+        let name = kube::ResourceExt::name_any(metric);
+        let topics = internal_topics(namespace, &name, metric.spec.shards);
+        let names: Vec<&str> = topics.iter().map(|t| t.name.as_str()).collect();
+        let results = admin
+            .delete_topics(
+                &names,
+                &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
+            )
+            .await
+            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((topic, code)) => {
+                    return Err(TopicProblem::CreateFailed {
+                        topic,
+                        error: code.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
 }

@@ -342,6 +342,21 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         "{message}"
     );
 
+    // With deletionPolicy: Delete, a finalizer removes the internal topics on deletion.
+    let policy = serde_json::json!({"spec": {"deletionPolicy": "Delete"}});
+    metrics
+        .patch("clicks", &PatchParams::default(), &Patch::Merge(&policy))
+        .await
+        .expect("patch");
+    await_some("the finalizer", WAIT, || async {
+        let m = metrics.get("clicks").await.ok()?;
+        m.finalizers()
+            .iter()
+            .any(|f| f == reconcile::FINALIZER)
+            .then_some(())
+    })
+    .await;
+
     // Deleting the TopKMetric garbage collects everything it owns.
     metrics
         .delete("clicks", &DeleteParams::background())
@@ -363,6 +378,28 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
                 .items
                 .len();
         (left == 0).then_some(())
+    })
+    .await;
+    await_some("the internal topics to be deleted", WAIT, || async {
+        let md = admin
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(5))
+            .ok()?;
+        let left = md
+            .topics()
+            .iter()
+            .filter(|t| internal.iter().any(|i| i.name == t.name()))
+            .count();
+        (left == 0).then_some(())
+    })
+    .await;
+    await_some("the TopKMetric to be gone", WAIT, || async {
+        metrics
+            .get_opt("clicks")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await;
     controller.abort();
