@@ -319,15 +319,18 @@ async fn finalize(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Option
         if !has {
             return Ok(Some(Action::await_change()));
         }
-        if wants {
-            if let Err(problem) = ctx.topics.delete(metric, ns).await {
-                let waited = now().0.duration_since(deleted_at.0).as_secs_f64();
-                if waited < FINALIZER_DEADLINE.as_secs_f64() {
-                    tracing::warn!(name = %metric.name_any(), "cannot delete internal topics yet: {}", problem.message());
-                    return Ok(Some(Action::requeue(Duration::from_secs(10))));
-                }
-                tracing::warn!(name = %metric.name_any(), "giving up deleting internal topics after {waited:.0}s: {}", problem.message());
+        let deleted = if wants {
+            ctx.topics.delete(metric, ns).await
+        } else {
+            Ok(())
+        };
+        if let Err(problem) = deleted {
+            let waited = now().0.duration_since(deleted_at.0).as_secs_f64();
+            if waited < FINALIZER_DEADLINE.as_secs_f64() {
+                tracing::warn!(name = %metric.name_any(), "cannot delete internal topics yet: {}", problem.message());
+                return Ok(Some(Action::requeue(Duration::from_secs(10))));
             }
+            tracing::warn!(name = %metric.name_any(), "giving up deleting internal topics after {waited:.0}s: {}", problem.message());
         }
         api.patch(
             &metric.name_any(),
