@@ -58,7 +58,7 @@ impl TopicProblem {
                 "input topic {topic:?} has {partitions} partitions but spec.shards is {shards}; they must be equal"
             ),
             TopicProblem::CreateFailed { topic, error } => {
-                format!("cannot create internal topic {topic:?}: {error}")
+                format!("internal topic {topic:?}: {error}")
             }
         }
     }
@@ -87,6 +87,27 @@ pub fn internal_topics(namespace: &str, name: &str, shards: u32) -> Vec<Internal
         topic("exact-hours", 1, true),
         topic("dead-letters", shards.min(16), false),
     ]
+}
+
+/// Succeeds when every per-topic result is a success or the `benign` error (already there,
+/// already gone).
+fn settle(
+    results: Vec<rdkafka::admin::TopicResult>,
+    benign: RDKafkaErrorCode,
+) -> Result<(), TopicProblem> {
+    for result in results {
+        match result {
+            Ok(_) => {}
+            Err((_, code)) if code == benign => {}
+            Err((topic, code)) => {
+                return Err(TopicProblem::CreateFailed {
+                    topic,
+                    error: code.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Admin clients, one per bootstrap string, reused across reconciles.
@@ -173,18 +194,7 @@ impl Admins {
             )
             .await
             .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
-        for result in results {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => {
-                    return Err(TopicProblem::CreateFailed {
-                        topic,
-                        error: code.to_string(),
-                    });
-                }
-            }
-        }
-        Ok(())
+        settle(results, RDKafkaErrorCode::TopicAlreadyExists)
     }
 
     /// Deletes the internal topics (for `deletionPolicy: Delete`). Topics already gone are fine.
@@ -200,17 +210,6 @@ impl Admins {
             )
             .await
             .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
-        for result in results {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
-                Err((topic, code)) => {
-                    return Err(TopicProblem::CreateFailed {
-                        topic,
-                        error: code.to_string(),
-                    });
-                }
-            }
-        }
-        Ok(())
+        settle(results, RDKafkaErrorCode::UnknownTopicOrPartition)
     }
 }
