@@ -55,10 +55,11 @@ async fn main() -> std::process::ExitCode {
         settings.image = image;
     }
     let ctx = Arc::new(Context {
-        client,
+        client: client.clone(),
         settings,
         metrics: Metrics::default(),
         topics: Default::default(),
+        recorder: kube::runtime::events::Recorder::new(client.clone(), reconcile::reporter()),
         drain: Duration::from_secs(args.drain_seconds),
     });
     let listener = match tokio::net::TcpListener::bind(&args.listen).await {

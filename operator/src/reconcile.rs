@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -40,8 +41,39 @@ pub struct Context {
     pub settings: Settings,
     pub metrics: Metrics,
     pub topics: Admins,
+    pub recorder: Recorder,
     /// How long departing workers get to release shards before the StatefulSet shrinks.
     pub drain: Duration,
+}
+
+/// The Event reporter: the controller, and this replica (its pod name when in a cluster).
+pub fn reporter() -> Reporter {
+    Reporter {
+        controller: MANAGER.to_owned(),
+        instance: std::env::var("POD_NAME").ok(),
+    }
+}
+
+/// Publishes an Event about the TopKMetric; a failure to publish is logged, never fatal.
+async fn event(ctx: &Context, metric: &TopKMetric, type_: EventType, reason: &str, note: String) {
+    let ev = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&ev, &metric.object_ref(&())).await {
+        tracing::warn!(%err, reason, "cannot publish event");
+    }
+}
+
+/// Whether `reason` is a newly raised `Degraded` (not already reported in the last status).
+fn newly_degraded(previous: &TopKMetricStatus, reason: &str) -> bool {
+    !previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == reason)
 }
 
 fn now() -> Time {
@@ -108,6 +140,16 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         return Ok(action);
     }
     if let Err(err) = metric.spec.engine_config() {
+        if newly_degraded(&previous, "InvalidSpec") {
+            event(
+                ctx,
+                metric,
+                EventType::Warning,
+                "InvalidSpec",
+                err.to_string(),
+            )
+            .await;
+        }
         status.conditions = vec![
             cond(
                 "Ready",
@@ -151,6 +193,16 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     let topic_problem = ctx.topics.ensure(metric, &ns).await.err();
     if let Some(problem) = &topic_problem {
         ctx.metrics.failure("kafka");
+        if newly_degraded(&previous, problem.reason()) {
+            event(
+                ctx,
+                metric,
+                EventType::Warning,
+                problem.reason(),
+                problem.message(),
+            )
+            .await;
+        }
         tracing::warn!(name = %metric.name_any(), reason = problem.reason(), "{}", problem.message());
     }
 
@@ -191,6 +243,7 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     if let Some(spec) = desired.worker.spec.as_mut() {
         spec.replicas = Some(step.statefulset_replicas as i32);
     }
+    let mut moved_note = None;
     if table.as_ref() != Some(&step.table) {
         desired
             .assignment
@@ -205,6 +258,11 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
                 .count();
             ctx.metrics.shard_moves(moved as u64);
             tracing::info!(name = %metric.name_any(), version = step.table.version, moved, "assignment changed");
+            moved_note = Some(format!(
+                "moved {moved} of {shards} shards (assignment version {}, each moved shard at a new epoch); {}",
+                step.table.version,
+                step.progress.clone().unwrap_or_else(|| "settled".into())
+            ));
         }
     } else if let Some(changed) = live_table
         .as_ref()
@@ -227,6 +285,9 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     apply(client, &ns, desired.reducer_pdb).await?;
     apply(client, &ns, desired.worker).await?;
     apply(client, &ns, desired.reducer).await?;
+    if let Some(note) = moved_note {
+        event(ctx, metric, EventType::Normal, "ShardsMoved", note).await;
+    }
 
     let reducer_sts = statefulsets.get_opt(&names.reducer).await?;
     let desired_reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);

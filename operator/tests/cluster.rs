@@ -36,10 +36,11 @@ spec:
 
 fn context(client: Client) -> Arc<Context> {
     Arc::new(Context {
-        client,
+        client: client.clone(),
         settings: Settings::default(),
         metrics: Metrics::default(),
         topics: Default::default(),
+        recorder: kube::runtime::events::Recorder::new(client.clone(), reconcile::reporter()),
         drain: Duration::from_secs(5),
     })
 }
@@ -121,6 +122,7 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
 
     // The input topic does not exist yet: the metric is Degraded and says what to do.
     let topic = topk_testenv::unique_name("clicks");
@@ -252,6 +254,19 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         (per_worker(&t).len() == 3).then_some(t)
     })
     .await;
+    for reason in ["InputTopicMissing", "ShardsMoved"] {
+        await_some(reason, WAIT, || async {
+            let events = events.list(&Default::default()).await.ok()?.items;
+            events
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("clicks")
+                })
+                .then_some(())
+        })
+        .await;
+    }
     let mut counts = per_worker(&grown);
     counts.sort();
     assert_eq!(counts, vec![1, 1, 2]);
