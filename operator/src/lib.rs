@@ -3,6 +3,7 @@
 
 pub mod builders;
 pub mod error;
+pub mod leader;
 pub mod metrics;
 pub mod planner;
 pub mod reconcile;

@@ -7,6 +7,7 @@ use axum::Router;
 use axum::routing::get;
 use clap::Parser;
 use topk_operator::builders::Settings;
+use topk_operator::leader::LeaderElector;
 use topk_operator::metrics::Metrics;
 use topk_operator::reconcile::{self, Context};
 use tracing_subscriber::EnvFilter;
@@ -30,6 +31,16 @@ struct Args {
     /// Seconds a departing worker gets to release its shards before it is removed.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
+    /// Namespace of the leader-election Lease; without it the operator runs unelected (one
+    /// replica only).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "topk-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease.
+    #[arg(long, env = "POD_NAME", default_value = "topk-operator")]
+    identity: String,
 }
 
 #[tokio::main]
@@ -82,8 +93,28 @@ async fn main() -> std::process::ExitCode {
         }
     });
     tracing::info!("topk-operator started");
+    let controller = async {
+        match args.lease_namespace {
+            Some(ns) => {
+                let elector = LeaderElector::new(
+                    ctx.client.clone(),
+                    &ns,
+                    &args.lease_name,
+                    &args.identity,
+                    Duration::from_secs(15),
+                );
+                reconcile::run_when_leader(ctx, elector, Duration::from_secs(5)).await;
+            }
+            None => {
+                tracing::warn!(
+                    "no --lease-namespace/POD_NAMESPACE: running without leader election"
+                );
+                reconcile::run(ctx).await;
+            }
+        }
+    };
     tokio::select! {
-        _ = reconcile::run(ctx) => {}
+        _ = controller => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
     }
     std::process::ExitCode::SUCCESS

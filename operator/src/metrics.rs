@@ -56,6 +56,11 @@ impl Metrics {
         self.duration.observe(took.as_secs_f64());
     }
 
+    /// Reconciles run by this replica.
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.get()
+    }
+
     pub fn failure(&self, reason: &'static str) {
         self.failures.get_or_create(&ErrorLabel { reason }).inc();
     }

@@ -24,6 +24,7 @@ use topk_api::{TopKMetric, TopKMetricStatus};
 
 use crate::builders::{self, Names, Settings};
 use crate::error::Error;
+use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Observed};
 use crate::status::condition;
@@ -99,6 +100,39 @@ pub async fn run(ctx: Arc<Context>) {
         }
     })
     .await;
+}
+
+/// Runs the controller only while `elector` holds the lease: waits to be elected, renews every
+/// `renew_every`, and stops acting the moment a renewal fails (another replica may take over).
+pub async fn run_when_leader(ctx: Arc<Context>, elector: LeaderElector, renew_every: Duration) {
+    loop {
+        loop {
+            match elector.try_acquire_or_renew().await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(err) => tracing::warn!(%err, "leader election"),
+            }
+            tokio::time::sleep(renew_every).await;
+        }
+        tracing::info!(identity = elector.identity(), "elected leader; reconciling");
+        let keep_renewing = async {
+            loop {
+                tokio::time::sleep(renew_every).await;
+                match elector.try_acquire_or_renew().await {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(err) => {
+                        tracing::warn!(%err, "lease renewal failed");
+                        return;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            _ = run(ctx.clone()) => return,
+            _ = keep_renewing => tracing::warn!(identity = elector.identity(), "lost the lease; stopped reconciling"),
+        }
+    }
 }
 
 fn error_policy(metric: Arc<TopKMetric>, err: &Error, ctx: Arc<Context>) -> Action {
