@@ -283,6 +283,10 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
             .assignment
             .annotations_mut()
             .insert(TABLE_CHANGED_AT.to_owned(), at.0.to_string());
+        // Precondition: the table is replaced only if nobody changed it since it was read.
+        desired.assignment.metadata.resource_version = live_table
+            .as_ref()
+            .and_then(|cm| cm.metadata.resource_version.clone());
         if let Some(old) = &table {
             let moved = old
                 .shards
@@ -473,8 +477,11 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
+    // A resourceVersion is a precondition of this write, not part of the desired content.
+    let precondition = obj.meta_mut().resource_version.take();
     let body = serde_json::to_vec(&obj).map_err(Error::Build)?;
     let hash = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&body));
+    obj.meta_mut().resource_version = precondition;
     let name = obj
         .meta()
         .name
