@@ -1,6 +1,5 @@
 //! `topk-operator`: reconciles TopKMetric resources.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -8,7 +7,6 @@ use axum::routing::get;
 use clap::Parser;
 use topk_operator::builders::Settings;
 use topk_operator::leader::LeaderElector;
-use topk_operator::metrics::Metrics;
 use topk_operator::reconcile::{self, Context};
 use tracing_subscriber::EnvFilter;
 
@@ -65,14 +63,7 @@ async fn main() -> std::process::ExitCode {
     if let Some(image) = args.image {
         settings.image = image;
     }
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        settings,
-        metrics: Metrics::default(),
-        topics: Default::default(),
-        recorder: kube::runtime::events::Recorder::new(client.clone(), reconcile::reporter()),
-        drain: Duration::from_secs(args.drain_seconds),
-    });
+    let ctx = Context::new(client, settings, Duration::from_secs(args.drain_seconds));
     let listener = match tokio::net::TcpListener::bind(&args.listen).await {
         Ok(l) => l,
         Err(err) => {

@@ -47,6 +47,20 @@ pub struct Context {
     pub drain: Duration,
 }
 
+impl Context {
+    /// A context with fresh metrics, Kafka admin clients and an Event recorder for `client`.
+    pub fn new(client: Client, settings: Settings, drain: Duration) -> Arc<Self> {
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter()),
+            client,
+            settings,
+            metrics: Metrics::default(),
+            topics: Admins::default(),
+            drain,
+        })
+    }
+}
+
 /// The Event reporter: the controller, and this replica (its pod name when in a cluster).
 pub fn reporter() -> Reporter {
     Reporter {

@@ -14,7 +14,6 @@ use rdkafka::client::DefaultClientContext;
 use topk_api::TopKMetric;
 use topk_api::assignment::AssignmentTable;
 use topk_operator::builders::Settings;
-use topk_operator::metrics::Metrics;
 use topk_operator::reconcile::{self, Context};
 use topk_testenv::{TestEnv, await_some, install_crd, mark_pods_ready};
 
@@ -35,14 +34,7 @@ spec:
 "#;
 
 fn context(client: Client) -> Arc<Context> {
-    Arc::new(Context {
-        client: client.clone(),
-        settings: Settings::default(),
-        metrics: Metrics::default(),
-        topics: Default::default(),
-        recorder: kube::runtime::events::Recorder::new(client.clone(), reconcile::reporter()),
-        drain: Duration::from_secs(5),
-    })
+    Context::new(client, Settings::default(), Duration::from_secs(5))
 }
 
 async fn create_topic(env: &TestEnv, name: &str, partitions: i32) {

@@ -9,19 +9,11 @@ use kube::{Api, Client};
 use topk_api::TopKMetric;
 use topk_operator::builders::Settings;
 use topk_operator::leader::LeaderElector;
-use topk_operator::metrics::Metrics;
 use topk_operator::reconcile::{self, Context};
 use topk_testenv::{TestEnv, await_some, install_crd, unique_name};
 
 fn replica(client: &Client) -> Arc<Context> {
-    Arc::new(Context {
-        client: client.clone(),
-        settings: Settings::default(),
-        metrics: Metrics::default(),
-        topics: Default::default(),
-        recorder: kube::runtime::events::Recorder::new(client.clone(), reconcile::reporter()),
-        drain: Duration::from_secs(5),
-    })
+    Context::new(client.clone(), Settings::default(), Duration::from_secs(5))
 }
 
 #[tokio::test]

@@ -182,32 +182,18 @@ async fn read_committed_sees_only_committed_transactions() {
         .init_transactions(TIMEOUT)
         .expect("init transactions");
 
-    producer.begin_transaction().expect("begin");
-    producer
-        .send(
-            FutureRecord::to(&topic).key("k").payload("aborted"),
-            TIMEOUT,
-        )
-        .await
-        .expect("send");
-    producer.abort_transaction(TIMEOUT).expect("abort");
-
-    producer.begin_transaction().expect("begin");
-    producer
-        .send(
-            FutureRecord::to(&topic).key("k").payload("committed"),
-            TIMEOUT,
-        )
-        .await
-        .expect("send");
-    producer.commit_transaction(TIMEOUT).expect("commit");
-
-    producer.begin_transaction().expect("begin");
-    producer
-        .send(FutureRecord::to(&topic).key("k").payload("last"), TIMEOUT)
-        .await
-        .expect("send");
-    producer.commit_transaction(TIMEOUT).expect("commit");
+    for (payload, commit) in [("aborted", false), ("committed", true), ("last", true)] {
+        producer.begin_transaction().expect("begin");
+        producer
+            .send(FutureRecord::to(&topic).key("k").payload(payload), TIMEOUT)
+            .await
+            .expect("send");
+        if commit {
+            producer.commit_transaction(TIMEOUT).expect("commit");
+        } else {
+            producer.abort_transaction(TIMEOUT).expect("abort");
+        }
+    }
 
     let c = consumer(&env, &[("isolation.level", "read_committed")]);
     let got: Vec<String> = read(&c, &topic, 0, Offset::Beginning, 2)
