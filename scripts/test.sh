@@ -22,6 +22,9 @@ if [[ "${CI:-}" == "true" || "${TOPK_TESTENV:-}" == "up" ]]; then
   echo "test environment ready in $((SECONDS - started))s"
 fi
 
+step "build prerequisites"
+./scripts/prereqs.sh
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

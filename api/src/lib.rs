@@ -7,6 +7,7 @@ pub mod duration;
 pub mod error;
 pub mod manifest;
 pub mod record;
+pub mod topics;
 
 pub use duration::Duration;
 pub use error::ApiError;

@@ -125,7 +125,45 @@ pub struct TopKMetricSpec {
     /// What happens to the internal Kafka topics when the TopKMetric is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// The hourly exact recount of closed hours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recount: Option<RecountSpec>,
 }
+
+/// Every closed hour is recounted exactly by a Job; `status.exactUntil` advances over the
+/// contiguous run of recounted hours.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecountSpec {
+    /// Start recount Jobs (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// How long after an hour ends its recount starts, so that late events are in. At least
+    /// `allowedLateness`; default the larger of `allowedLateness` and 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace: Option<Duration>,
+    /// How far back hours missed (e.g. while the operator was down) are still recounted. Keep
+    /// it within the input topic's retention. Default 24h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<Duration>,
+    /// Recount Jobs running at once (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 24))]
+    pub max_concurrent: Option<u32>,
+}
+
+/// The recount settings with defaults applied (see [`TopKMetricSpec::recount_settings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecountSettings {
+    pub enabled: bool,
+    pub grace_ms: i64,
+    pub backfill_ms: i64,
+    pub max_concurrent: u32,
+}
+
+const DEFAULT_RECOUNT_GRACE: Duration = Duration::from_millis(300_000);
+const DEFAULT_RECOUNT_BACKFILL: Duration = Duration::from_millis(24 * 3_600_000);
+const DEFAULT_RECOUNT_CONCURRENCY: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -211,6 +249,10 @@ fn one() -> u32 {
     1
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// Observed state, written by the operator and the reducer.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -236,6 +278,52 @@ pub struct TopKMetricStatus {
     /// A bounded summary of the global lists (top few per window), never the full lists.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rankings: Vec<RankingSummary>,
+    /// Progress of the hourly recount beyond `exactUntil`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recount: Option<RecountStatus>,
+    /// The rescale step in progress and when it began, recorded before it acts so that a
+    /// restarted operator keeps its deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescale: Option<RescaleStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecountStatus {
+    /// Start of the contiguous run of recounted hours that ends at `exactUntil` (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_from: Option<String>,
+    /// Recount Jobs running now.
+    #[serde(default)]
+    pub running: u32,
+    /// Hours after `exactUntil` already recounted, waiting for an earlier hour (RFC 3339).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub succeeded: Vec<String>,
+    /// Hours whose recount failed and is retried with backoff.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<RecountFailure>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecountFailure {
+    /// Start of the hour (RFC 3339).
+    pub hour: String,
+    /// Failed Jobs for this hour so far.
+    pub attempts: u32,
+    /// When the last attempt failed (RFC 3339).
+    pub last_failure: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RescaleStatus {
+    /// `WaitingForWorkers` or `Draining`.
+    pub phase: String,
+    /// Worker replicas the step leads to.
+    pub target_workers: u32,
+    /// When the step began (RFC 3339).
+    pub since: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
@@ -311,6 +399,26 @@ pub fn load_manifest(yaml: &str) -> Result<TopKMetric, ApiError> {
 }
 
 impl TopKMetricSpec {
+    /// The recount settings with their defaults.
+    pub fn recount_settings(&self) -> RecountSettings {
+        let spec = self.recount.as_ref();
+        let lateness = self.allowed_lateness.unwrap_or(DEFAULT_LATENESS);
+        RecountSettings {
+            enabled: spec.is_none_or(|r| r.enabled),
+            grace_ms: spec
+                .and_then(|r| r.grace)
+                .unwrap_or(DEFAULT_RECOUNT_GRACE.max(lateness))
+                .as_millis(),
+            backfill_ms: spec
+                .and_then(|r| r.backfill)
+                .unwrap_or(DEFAULT_RECOUNT_BACKFILL)
+                .as_millis(),
+            max_concurrent: spec
+                .and_then(|r| r.max_concurrent)
+                .unwrap_or(DEFAULT_RECOUNT_CONCURRENCY),
+        }
+    }
+
     /// Validates the spec and turns it into the engine's configuration. Every problem found is
     /// reported at once, each naming the field and what to change.
     pub fn engine_config(&self) -> Result<EngineConfig, ApiError> {
@@ -368,6 +476,16 @@ impl TopKMetricSpec {
             }
         };
         let lateness = self.allowed_lateness.unwrap_or(DEFAULT_LATENESS);
+        let recount = self.recount_settings();
+        if recount.grace_ms < lateness.as_millis() {
+            problems.push(format!(
+                "spec.recount.grace ({}) must be at least allowedLateness ({lateness}), or the recount misses late events that the streaming path counts",
+                Duration::from_millis(recount.grace_ms)
+            ));
+        }
+        if recount.backfill_ms < 3_600_000 {
+            problems.push("spec.recount.backfill must be at least 1h".to_owned());
+        }
         if self.windows.is_empty() {
             problems.push("spec.windows needs at least one window".to_owned());
         }
@@ -534,6 +652,29 @@ spec:
                 .unwrap_err()
                 .to_string()
                 .contains("kind must be TopKMetric")
+        );
+    }
+
+    #[test]
+    fn recount_defaults_follow_the_lateness_and_a_short_grace_is_refused() {
+        let metric = load_manifest(ISSUE_EXAMPLE).unwrap();
+        let defaults = metric.spec.recount_settings();
+        assert!(defaults.enabled);
+        assert_eq!(defaults.max_concurrent, 2);
+        assert!(defaults.grace_ms >= 300_000);
+        let mut spec = metric.spec.clone();
+        spec.allowed_lateness = Some(Duration::from_millis(600_000));
+        assert_eq!(spec.recount_settings().grace_ms, 600_000);
+        spec.recount = Some(RecountSpec {
+            enabled: true,
+            grace: Some(Duration::from_millis(60_000)),
+            backfill: None,
+            max_concurrent: None,
+        });
+        let err = spec.engine_config().unwrap_err().to_string();
+        assert!(
+            err.contains("spec.recount.grace (1m) must be at least allowedLateness (10m)"),
+            "{err}"
         );
     }
 }

@@ -33,18 +33,14 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 20_000)]
     pub rate: u32,
     /// How often to print the top 5.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
     pub every: Duration,
     /// Stop after this long (0s: run until interrupted).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::parse_duration)]
     pub duration: Duration,
     /// Seed of the generator, for a repeatable stream.
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    Duration::parse(text).map_err(|e| e.to_string())
 }
 
 /// The request stream: Zipf-distributed routes, plus one route whose share grows from nothing

@@ -22,4 +22,6 @@ pub enum CliError {
     Serve(std::io::Error),
     #[error("{0}")]
     Usage(String),
+    #[error("worker: {0}")]
+    Worker(#[from] topk_worker::Error),
 }

@@ -7,6 +7,7 @@ mod metrics;
 mod run;
 mod server;
 mod store;
+mod worker;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -28,8 +29,15 @@ enum Command {
     Run(run::RunArgs),
     /// Generate a skewed stream with a trending key, count it, serve it, print the top 5.
     Demo(demo::DemoArgs),
+    /// Count the shards assigned to this worker on Kafka (what the worker pods run).
+    Worker(worker::WorkerArgs),
     /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
     Crd,
+}
+
+/// Durations as in manifests: `500ms`, `10s`, `5m`, `1h`.
+pub(crate) fn parse_duration(text: &str) -> Result<topk_api::Duration, String> {
+    topk_api::Duration::parse(text).map_err(|e| e.to_string())
 }
 
 #[tokio::main]
@@ -45,6 +53,7 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args).await,
         Command::Demo(args) => demo::demo(args).await,
+        Command::Worker(args) => worker::worker(args).await,
         Command::Crd => topk_api::crd::crd_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(error::CliError::from),

@@ -10,6 +10,7 @@ use crate::candidates::CandidateSet;
 use crate::config::WindowConfig;
 use crate::exact::open_bucket;
 use crate::sketch::CountMinSketch;
+use crate::snapshot::{ApproxBucket as SnapBucket, WindowSnapshot};
 use crate::summary::{rank_order, top_k};
 use crate::window::bucket_index;
 
@@ -210,6 +211,77 @@ impl ApproxWindow {
                 (!top.is_empty()).then_some((scope as u32, top))
             })
             .collect()
+    }
+
+    pub(crate) fn snapshot(&self) -> WindowSnapshot {
+        let bucket = |b: &ApproxBucket| SnapBucket {
+            idx: b.idx,
+            sketch: b.sketch.to_cells(),
+            candidates: b
+                .candidates
+                .iter()
+                .map(|set| {
+                    set.iter()
+                        .flat_map(|s| s.iter().map(|c| (c.hash, c.key.clone(), c.count)))
+                        .collect()
+                })
+                .collect(),
+        };
+        WindowSnapshot::Approximate {
+            closed_through: self.closed_through,
+            window: self.window.to_cells(),
+            open: self.open.iter().map(bucket).collect(),
+            closed: self.closed.iter().map(bucket).collect(),
+            retained: self.retained.clone(),
+        }
+    }
+
+    /// Restores the state saved by [`Self::snapshot`] into this (fresh) window.
+    pub(crate) fn restore(&mut self, snap: &WindowSnapshot) -> Result<(), String> {
+        let WindowSnapshot::Approximate {
+            closed_through,
+            window,
+            open,
+            closed,
+            retained,
+        } = snap
+        else {
+            return Err("an exact window where an approximate one was expected".into());
+        };
+        let (width, depth, capacity) = (self.width, self.depth, self.capacity);
+        let sketch = |cells: &crate::snapshot::SketchCells| {
+            CountMinSketch::from_cells(cells, width, depth).ok_or_else(|| {
+                format!(
+                    "sketch is {}x{}, the configuration wants {width}x{depth}",
+                    cells.width, cells.depth
+                )
+            })
+        };
+        let bucket = |b: &SnapBucket| -> Result<ApproxBucket, String> {
+            Ok(ApproxBucket {
+                idx: b.idx,
+                sketch: sketch(&b.sketch)?,
+                candidates: b
+                    .candidates
+                    .iter()
+                    .map(|keys| {
+                        (!keys.is_empty()).then(|| {
+                            let mut set = CandidateSet::new(capacity);
+                            for (hash, key, count) in keys {
+                                set.offer(*hash, key, *count);
+                            }
+                            set
+                        })
+                    })
+                    .collect(),
+            })
+        };
+        self.closed_through = *closed_through;
+        self.window = sketch(window)?;
+        self.open = open.iter().map(bucket).collect::<Result<_, _>>()?;
+        self.closed = closed.iter().map(bucket).collect::<Result<_, _>>()?;
+        self.retained = retained.clone();
+        Ok(())
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {

@@ -24,10 +24,13 @@ pub enum RejectReason {
     FutureTime,
     Late,
     InvalidCost,
+    /// On a partition other than the one Kafka's default partitioner gives its key: the
+    /// producer used another partitioner, and counting it would give the key two owners.
+    WrongShard,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 10] = [
         RejectReason::InvalidJson,
         RejectReason::MissingMetric,
         RejectReason::OtherMetric,
@@ -37,6 +40,7 @@ impl RejectReason {
         RejectReason::FutureTime,
         RejectReason::Late,
         RejectReason::InvalidCost,
+        RejectReason::WrongShard,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +54,7 @@ impl RejectReason {
             RejectReason::FutureTime => "future_time",
             RejectReason::Late => "late",
             RejectReason::InvalidCost => "invalid_cost",
+            RejectReason::WrongShard => "wrong_shard",
         }
     }
 }

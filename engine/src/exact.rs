@@ -197,6 +197,25 @@ impl ExactWindow {
             .map(|(id, c)| (id as u32, *c))
     }
 
+    /// The held buckets as (index, [(key id, count)]), oldest first, for a snapshot. An
+    /// all-time window's folded totals come as one closed bucket just before the boundary.
+    pub(crate) fn buckets(&self) -> Vec<(i64, Vec<(u32, u64)>)> {
+        let mut out: Vec<(i64, Vec<(u32, u64)>)> = Vec::new();
+        if self.span.is_none() && self.closed_through != i64::MIN {
+            let totals: Vec<(u32, u64)> = self.counted().collect();
+            if !totals.is_empty() {
+                out.push((self.closed_through - 1, totals));
+            }
+        }
+        out.extend(self.closed.iter().map(|b| (b.idx, b.counts.clone())));
+        out.extend(self.open.iter().map(|b| (b.idx, b.entries.clone())));
+        out
+    }
+
+    pub(crate) fn bucket_ms(&self) -> i64 {
+        self.bucket_ms
+    }
+
     pub(crate) fn heap_bytes(&self) -> usize {
         let open: usize = self
             .open

@@ -8,6 +8,8 @@
 //! - [`window`]: epoch-aligned bucket and window arithmetic.
 //! - [`shard`]: per-shard counting state for every configured window, exact or sketched.
 //! - [`summary`]: what a shard publishes, and the merge of many shards into rankings.
+//! - [`snapshot`]: a shard's state in serialisable form (checkpoints and handoff).
+//! - [`stream`]: one shard's path with its own watermark and summaries (what a worker runs).
 //! - [`pipeline`]: shards + watermark + merge in one process (what `topk run` drives).
 
 mod approx;
@@ -21,6 +23,8 @@ pub mod partition;
 pub mod pipeline;
 pub mod shard;
 pub mod sketch;
+pub mod snapshot;
+pub mod stream;
 pub mod summary;
 pub mod window;
 

@@ -123,18 +123,7 @@ impl Pipeline {
         now_ms: i64,
         out: &mut Vec<Published>,
     ) -> Result<(), RejectReason> {
-        if event.metric != self.cfg.metric {
-            return Err(RejectReason::OtherMetric);
-        }
-        if event.key.len() > self.cfg.max_key_bytes {
-            return Err(RejectReason::OversizeKey);
-        }
-        if event.time_ms > now_ms.saturating_add(self.cfg.max_future_skew_ms) {
-            return Err(RejectReason::FutureTime);
-        }
-        if self.watermark_ms().is_some_and(|wm| event.time_ms < wm) {
-            return Err(RejectReason::Late);
-        }
+        check_event(&self.cfg, event, now_ms, self.watermark_ms())?;
         if self.max_event_ms.is_none_or(|t| event.time_ms > t) {
             self.max_event_ms = Some(event.time_ms);
             if self
@@ -149,7 +138,31 @@ impl Pipeline {
         self.accepted += 1;
         Ok(())
     }
+}
 
+/// The checks every counting path makes on a parsed event before counting it.
+pub(crate) fn check_event(
+    cfg: &EngineConfig,
+    event: &Event<'_>,
+    now_ms: i64,
+    watermark_ms: Option<i64>,
+) -> Result<(), RejectReason> {
+    if event.metric != cfg.metric {
+        return Err(RejectReason::OtherMetric);
+    }
+    if event.key.len() > cfg.max_key_bytes {
+        return Err(RejectReason::OversizeKey);
+    }
+    if event.time_ms > now_ms.saturating_add(cfg.max_future_skew_ms) {
+        return Err(RejectReason::FutureTime);
+    }
+    if watermark_ms.is_some_and(|wm| event.time_ms < wm) {
+        return Err(RejectReason::Late);
+    }
+    Ok(())
+}
+
+impl Pipeline {
     /// Publishes every window whose newest closed boundary moved since its last publication.
     fn publish_due(&mut self, now_ms: i64, out: &mut Vec<Published>) {
         let Some(watermark) = self.watermark_ms() else {

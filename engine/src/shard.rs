@@ -4,9 +4,11 @@ use std::f64::consts::E;
 
 use crate::approx::ApproxWindow;
 use crate::config::{EngineConfig, Mode, WindowConfig};
+use crate::error::EngineError;
 use crate::exact::ExactWindow;
 use crate::keys::{KeyTable, ScopeTable, key_hash};
 use crate::sketch::CountMinSketch;
+use crate::snapshot::{ExactBucket, SNAPSHOT_FORMAT, ShardSnapshot, WindowSnapshot};
 use crate::summary::{KeyCount, ScopeItems, ShardSummary, rank_order, top_k};
 
 enum State {
@@ -212,6 +214,141 @@ impl ShardCounter {
                     windows.iter().map(ApproxWindow::heap_bytes).sum::<usize>()
                 }
             }
+    }
+}
+
+/// What a shard's state depends on: a snapshot is only restored under the same.
+pub fn state_fingerprint(cfg: &EngineConfig) -> String {
+    format!(
+        "metric={:?} shards={} mode={:?} windows={:?}",
+        cfg.metric, cfg.shards, cfg.mode, cfg.windows
+    )
+}
+
+impl ShardCounter {
+    /// The whole counting state, by key and scope name, for a checkpoint or a handoff.
+    pub fn snapshot(&self, cfg: &EngineConfig) -> ShardSnapshot {
+        let windows = match &self.state {
+            State::Exact { keys, windows } => windows
+                .iter()
+                .map(|w| WindowSnapshot::Exact {
+                    closed_through: w.closed_through(),
+                    buckets: w
+                        .buckets()
+                        .into_iter()
+                        .map(|(idx, counts)| {
+                            let mut counts: Vec<_> = counts
+                                .into_iter()
+                                .map(|(id, n)| (keys.scope(id), keys.key(id).to_owned(), n))
+                                .collect();
+                            // Canonical order: equal states give equal snapshots.
+                            counts.sort_unstable();
+                            ExactBucket { idx, counts }
+                        })
+                        .collect(),
+                })
+                .collect(),
+            State::Approximate { windows } => windows.iter().map(ApproxWindow::snapshot).collect(),
+        };
+        ShardSnapshot {
+            format: SNAPSHOT_FORMAT,
+            metric: self.metric.clone(),
+            shard: self.shard,
+            fingerprint: state_fingerprint(cfg),
+            seq: self.seq,
+            epoch: self.epoch,
+            dropped_closed: self.dropped_closed,
+            scopes: (0..self.scopes.len() as u32)
+                .map(|id| self.scopes.name(id).to_owned())
+                .collect(),
+            windows,
+        }
+    }
+
+    /// A counter for `cfg` holding the state of `snap`. Refuses a snapshot of another format,
+    /// metric, shard or counting configuration rather than misreading it.
+    pub fn restore(cfg: &EngineConfig, snap: &ShardSnapshot) -> Result<Self, EngineError> {
+        let fail = |why: String| Err(EngineError::Snapshot(why));
+        if snap.format != SNAPSHOT_FORMAT {
+            return fail(format!(
+                "format {} (this build reads {SNAPSHOT_FORMAT})",
+                snap.format
+            ));
+        }
+        let fingerprint = state_fingerprint(cfg);
+        if snap.fingerprint != fingerprint {
+            return fail(format!(
+                "taken under another configuration ({}); this one is {fingerprint}",
+                snap.fingerprint
+            ));
+        }
+        if snap.windows.len() != cfg.windows.len() {
+            return fail("window count differs".into());
+        }
+        let mut counter = Self::new(cfg, snap.shard);
+        for name in snap.scopes.iter().skip(1) {
+            counter.scopes.intern(name);
+        }
+        if counter.scopes.len() != snap.scopes.len() {
+            return fail("scope table has duplicates".into());
+        }
+        let scope_count = snap.scopes.len() as u32;
+        match &mut counter.state {
+            State::Exact { keys, windows } => {
+                for (w, saved) in windows.iter_mut().zip(&snap.windows) {
+                    let WindowSnapshot::Exact {
+                        closed_through,
+                        buckets,
+                    } = saved
+                    else {
+                        return fail("an approximate window in an exact-mode snapshot".into());
+                    };
+                    for bucket in buckets {
+                        let time_ms = bucket.idx.saturating_mul(w.bucket_ms());
+                        for (scope, key, count) in &bucket.counts {
+                            if *scope >= scope_count {
+                                return fail(format!("unknown scope id {scope}"));
+                            }
+                            let hash = key_hash(counter.scopes.seed(*scope), key);
+                            let id = keys.intern(hash, *scope, key);
+                            keys.incref(id);
+                            w.add(time_ms, id, *count, keys);
+                            keys.decref(id);
+                        }
+                    }
+                    if *closed_through != i64::MIN {
+                        w.close_through(closed_through.saturating_mul(w.bucket_ms()), keys);
+                    }
+                }
+            }
+            State::Approximate { windows } => {
+                for (w, saved) in windows.iter_mut().zip(&snap.windows) {
+                    if let WindowSnapshot::Approximate {
+                        open,
+                        closed,
+                        retained,
+                        ..
+                    } = saved
+                    {
+                        let widest = open
+                            .iter()
+                            .chain(closed)
+                            .map(|b| b.candidates.len())
+                            .chain([retained.len()])
+                            .max()
+                            .unwrap_or(0);
+                        if widest > scope_count as usize {
+                            return fail(format!("candidates for unknown scope id {}", widest - 1));
+                        }
+                    }
+                    w.restore(saved).map_err(EngineError::Snapshot)?;
+                }
+            }
+        }
+        counter.seq = snap.seq;
+        counter.epoch = snap.epoch;
+        counter.dropped_closed = snap.dropped_closed;
+        Ok(counter)
     }
 }
 

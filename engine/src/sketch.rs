@@ -12,6 +12,8 @@
 
 use std::f64::consts::E;
 
+use crate::snapshot::SketchCells;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CountMinSketch {
     width: u32,
@@ -118,6 +120,28 @@ impl CountMinSketch {
         for (a, b) in self.cells.iter_mut().zip(&other.cells) {
             *a -= *b;
         }
+    }
+
+    pub fn to_cells(&self) -> SketchCells {
+        SketchCells {
+            width: self.width,
+            depth: self.depth,
+            total: self.total,
+            cells: self.cells.clone(),
+        }
+    }
+
+    /// Rebuilds a sketch of shape `width` x `depth` from stored cells; None if they differ.
+    pub fn from_cells(s: &SketchCells, width: u32, depth: u32) -> Option<Self> {
+        let fits = s.width == width
+            && s.depth == depth
+            && s.cells.len() == width as usize * depth as usize;
+        fits.then(|| Self {
+            width,
+            depth,
+            total: s.total,
+            cells: s.cells.clone(),
+        })
     }
 
     pub fn clear(&mut self) {

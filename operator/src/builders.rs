@@ -4,11 +4,15 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -20,10 +24,22 @@ use crate::error::Error;
 /// Settings of the operator itself (not of a TopKMetric).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    /// Image of the data plane (`topk worker`, `topk reducer`).
+    /// Image of the data plane (`topk worker`, `topk reducer`, `topk recount`).
     pub image: String,
     /// Size of each worker's RocksDB volume.
     pub worker_storage: String,
+    /// How long departing workers get to report that they released their shards before the
+    /// StatefulSet shrinks anyway (epochs fence them from then on).
+    pub drain: Duration,
+    /// How long one rescale step may wait (e.g. for new workers to be ready) before the metric
+    /// reports `Degraded`.
+    pub rescale_deadline: Duration,
+    /// Finished recount Jobs are deleted this long after they finish.
+    pub recount_ttl: Duration,
+    /// Pod retries inside one recount Job (the Job controller backs off between them).
+    pub recount_pod_retries: u32,
+    /// A recount Job running longer than this is failed (and retried by the operator).
+    pub recount_deadline: Duration,
 }
 
 impl Default for Settings {
@@ -31,12 +47,22 @@ impl Default for Settings {
         Self {
             image: format!("ghcr.io/topk-io/topk:{}", env!("CARGO_PKG_VERSION")),
             worker_storage: "1Gi".to_owned(),
+            drain: Duration::from_secs(30),
+            rescale_deadline: Duration::from_secs(600),
+            recount_ttl: Duration::from_secs(24 * 3600),
+            recount_pod_retries: 2,
+            recount_deadline: Duration::from_secs(3600),
         }
     }
 }
 
 pub const CONFIG_KEY: &str = "metric.json";
 pub const CONFIG_HASH_ANNOTATION: &str = "topk.io/config-hash";
+/// Labels of a recount Job: the hour (`YYYYMMDDHH`, UTC) and the attempt.
+pub const HOUR_LABEL: &str = "topk.io/hour";
+pub const ATTEMPT_LABEL: &str = "topk.io/attempt";
+/// Annotation of a recount Job: the start of its hour (RFC 3339).
+pub const HOUR_START_ANNOTATION: &str = "topk.io/hour-start";
 const API_PORT: i32 = 8080;
 
 /// Names of the objects owned by one TopKMetric.
@@ -46,6 +72,8 @@ pub struct Names {
     pub worker: String,
     pub reducer: String,
     pub data_plane: String,
+    /// Where workers report the assignment version they have applied (key `worker-N`).
+    pub worker_reports: String,
 }
 
 impl Names {
@@ -57,6 +85,7 @@ impl Names {
             worker: format!("{name}-worker"),
             reducer: format!("{name}-reducer"),
             data_plane: format!("{name}-data-plane"),
+            worker_reports: format!("{name}-worker-reports"),
         }
     }
 }
@@ -65,6 +94,7 @@ impl Names {
 pub struct Desired {
     pub config: ConfigMap,
     pub assignment: ConfigMap,
+    pub worker_reports: ConfigMap,
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
@@ -127,10 +157,11 @@ fn meta(metric: &TopKMetric, name: &str, component: &str) -> Result<Value, Error
 }
 
 /// The rendered pipeline configuration: what the counting pipeline runs. Its hash goes into the
-/// pod templates, so only changes to it roll the pods: replicas, pausing, the deletion policy
-/// and the deny list (read live) are left out.
+/// pod templates, so only changes to it roll the pods: replicas, pausing, the deletion policy,
+/// the recount schedule and the deny list (read live) are left out.
 pub fn rendered_config(metric: &TopKMetric) -> Result<String, Error> {
     let mut spec = metric.spec.clone();
+    spec.recount = None;
     spec.workers = None;
     spec.reducers = None;
     spec.paused = false;
@@ -167,16 +198,24 @@ pub fn desired(
             "metadata": meta(metric, &names.assignment, "assignment")?,
             "data": {ASSIGNMENT_KEY: assignment},
         }))?,
+        // Written by the workers (their own keys, their own field manager); the operator only
+        // creates it.
+        worker_reports: typed(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": meta(metric, &names.worker_reports, "worker-reports")?,
+        }))?,
         service_account: typed(json!({
             "apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": meta(metric, &names.data_plane, "data-plane")?,
         }))?,
-        // Least privilege: read its own config and assignment, report ranking status.
+        // Least privilege: read its own config and assignment, report released shards and
+        // ranking status.
         role: typed(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": meta(metric, &names.data_plane, "data-plane")?,
             "rules": [
                 {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [names.config, names.assignment], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [names.worker_reports], "verbs": ["get", "patch"]},
                 {"apiGroups": ["topk.io"], "resources": ["topkmetrics"], "resourceNames": [metric.name_any()], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["topk.io"], "resources": ["topkmetrics/status"], "resourceNames": [metric.name_any()], "verbs": ["get", "patch"]},
             ],
@@ -241,9 +280,16 @@ fn statefulset(
     } else {
         json!([])
     };
-    let mut mounts = vec![json!({"name": "config", "mountPath": "/etc/topk", "readOnly": true})];
+    let mut main = container(metric, component, &[], settings);
+    main["ports"] = json!([{"name": "http", "containerPort": API_PORT}]);
+    main["readinessProbe"] =
+        json!({"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5});
+    main["livenessProbe"] = json!({"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6});
     if with_state {
-        mounts.push(json!({"name": "state", "mountPath": "/var/lib/topk"}));
+        main["volumeMounts"]
+            .as_array_mut()
+            .ok_or(Error::MissingObjectKey("volumeMounts"))?
+            .push(json!({"name": "state", "mountPath": "/var/lib/topk"}));
     }
     typed(json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -258,28 +304,105 @@ fn statefulset(
                     "labels": pod_labels,
                     "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
                 },
-                "spec": {
-                    "serviceAccountName": names.data_plane,
-                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
-                    "containers": [{
-                        "name": component,
-                        "image": settings.image,
-                        "args": [component, "--config", format!("/etc/topk/{CONFIG_KEY}"), "--metric-name", metric.name_any()],
-                        "env": [
-                            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                        ],
-                        "ports": [{"name": "http", "containerPort": API_PORT}],
-                        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
-                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
-                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": mounts,
-                    }],
-                    "volumes": [{"name": "config", "configMap": {"name": names.config}}],
-                },
+                "spec": pod_spec(names, main),
             },
             "volumeClaimTemplates": volume_claims,
         },
     }))
+}
+
+/// The data-plane container: `topk <command> --config ... --metric-name NAME [extra args]`,
+/// non-root with a read-only root filesystem and the rendered config mounted.
+fn container(
+    metric: &TopKMetric,
+    command: &str,
+    extra_args: &[String],
+    settings: &Settings,
+) -> Value {
+    let mut args = vec![
+        command.to_owned(),
+        "--config".to_owned(),
+        format!("/etc/topk/{CONFIG_KEY}"),
+        "--metric-name".to_owned(),
+        metric.name_any(),
+    ];
+    args.extend_from_slice(extra_args);
+    json!({
+        "name": command,
+        "image": settings.image,
+        "args": args,
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/topk", "readOnly": true}],
+    })
+}
+
+fn pod_spec(names: &Names, container: Value) -> Value {
+    json!({
+        "serviceAccountName": names.data_plane,
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": names.config}}],
+    })
+}
+
+/// `YYYYMMDDHH` (UTC) of the hour starting at `hour_ms`: the hour label and name part.
+pub fn hour_id(hour_ms: i64) -> Result<String, Error> {
+    let at = Timestamp::from_millisecond(hour_ms).map_err(|_| Error::Clock(hour_ms))?;
+    Ok(at.strftime("%Y%m%d%H").to_string())
+}
+
+/// The recount Job of one (hour, attempt). Its name is deterministic, so a repeated create is
+/// harmless; it is owned by the TopKMetric and deleted `recount_ttl` after it finishes.
+pub fn recount_job(
+    metric: &TopKMetric,
+    hour_ms: i64,
+    attempt: u32,
+    settings: &Settings,
+) -> Result<Job, Error> {
+    let names = Names::of(metric);
+    let hour = hour_id(hour_ms)?;
+    let start = Timestamp::from_millisecond(hour_ms).map_err(|_| Error::Clock(hour_ms))?;
+    let name = bounded_name(&metric.name_any(), &format!("-recount-{hour}-{attempt}"));
+    let mut metadata = meta(metric, &name, "recount")?;
+    metadata["labels"][HOUR_LABEL] = json!(hour);
+    metadata["labels"][ATTEMPT_LABEL] = json!(attempt.to_string());
+    metadata["annotations"] = json!({HOUR_START_ANNOTATION: start.to_string()});
+    let mut pod_labels = labels(metric, "recount");
+    pod_labels.insert(HOUR_LABEL.to_owned(), hour);
+    let container = container(
+        metric,
+        "recount",
+        &["--hour".to_owned(), start.to_string()],
+        settings,
+    );
+    let mut pod = pod_spec(&names, container);
+    pod["restartPolicy"] = json!("Never");
+    typed(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": settings.recount_pod_retries,
+            "activeDeadlineSeconds": settings.recount_deadline.as_secs(),
+            "ttlSecondsAfterFinished": settings.recount_ttl.as_secs(),
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod},
+        },
+    }))
+}
+
+/// `base + suffix`, shortened to the 63 characters a Job name may have (its Pods carry it in a
+/// label): a long base is cut and a hash of it keeps names distinct.
+fn bounded_name(base: &str, suffix: &str) -> String {
+    const MAX: usize = 63;
+    if base.len() + suffix.len() <= MAX {
+        return format!("{base}{suffix}");
+    }
+    let hash = format!("{:08x}", xxhash_rust::xxh3::xxh3_64(base.as_bytes()) as u32);
+    let keep = MAX.saturating_sub(suffix.len() + hash.len() + 1);
+    let cut: String = base.chars().take(keep).collect();
+    format!("{}-{hash}{suffix}", cut.trim_end_matches('-'))
 }

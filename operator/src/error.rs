@@ -12,6 +12,8 @@ pub enum Error {
     Build(serde_json::Error),
     #[error("assignment table in ConfigMap {0} is unreadable: {1}")]
     Assignment(String, serde_json::Error),
+    #[error("time {0} ms is out of range")]
+    Clock(i64),
 }
 
 impl Error {
@@ -21,6 +23,7 @@ impl Error {
             Error::MissingObjectKey(_) => "missing_key",
             Error::Build(_) => "build",
             Error::Assignment(..) => "assignment",
+            Error::Clock(_) => "clock",
         }
     }
 }

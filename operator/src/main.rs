@@ -26,9 +26,16 @@ struct Args {
     /// Size of each worker's state volume.
     #[arg(long, default_value = "1Gi")]
     worker_storage: String,
-    /// Seconds a departing worker gets to release its shards before it is removed.
+    /// Seconds departing workers get to report their shards released before they are removed.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
+    /// Seconds a rescale step may wait (e.g. for new workers to be ready) before the metric
+    /// reports Degraded.
+    #[arg(long, default_value_t = 600)]
+    rescale_deadline_seconds: u64,
+    /// Seconds finished recount Jobs are kept (for their logs).
+    #[arg(long, default_value_t = 86_400)]
+    recount_ttl_seconds: u64,
     /// Namespace of the leader-election Lease; without it the operator runs unelected (one
     /// replica only).
     #[arg(long, env = "POD_NAMESPACE")]
@@ -58,12 +65,15 @@ async fn main() -> std::process::ExitCode {
     };
     let mut settings = Settings {
         worker_storage: args.worker_storage,
+        drain: Duration::from_secs(args.drain_seconds),
+        rescale_deadline: Duration::from_secs(args.rescale_deadline_seconds),
+        recount_ttl: Duration::from_secs(args.recount_ttl_seconds),
         ..Settings::default()
     };
     if let Some(image) = args.image {
         settings.image = image;
     }
-    let ctx = Context::new(client, settings, Duration::from_secs(args.drain_seconds));
+    let ctx = Context::new(client, settings);
     let listener = match tokio::net::TcpListener::bind(&args.listen).await {
         Ok(l) => l,
         Err(err) => {

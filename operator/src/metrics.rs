@@ -19,6 +19,7 @@ pub struct Metrics {
     failures: Family<ErrorLabel, Counter>,
     duration: Histogram,
     moves: Counter,
+    recounts: Counter,
 }
 
 impl Default for Metrics {
@@ -28,6 +29,7 @@ impl Default for Metrics {
         let failures = Family::<ErrorLabel, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
         let moves = Counter::default();
+        let recounts = Counter::default();
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -40,12 +42,18 @@ impl Default for Metrics {
             duration.clone(),
         );
         registry.register("shard_moves", "Shards moved between workers", moves.clone());
+        registry.register(
+            "recount_jobs_started",
+            "Hourly recount Jobs created (retries included)",
+            recounts.clone(),
+        );
         Self {
             registry,
             reconciles,
             failures,
             duration,
             moves,
+            recounts,
         }
     }
 }
@@ -67,6 +75,10 @@ impl Metrics {
 
     pub fn shard_moves(&self, n: u64) {
         self.moves.inc_by(n);
+    }
+
+    pub fn recount_started(&self) {
+        self.recounts.inc();
     }
 
     pub fn encode(&self) -> String {

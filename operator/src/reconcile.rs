@@ -9,9 +9,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -19,13 +20,17 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
-use topk_api::manifest::{DeletionPolicy, WorkersStatus};
+use topk_api::manifest::{
+    DeletionPolicy, RecountFailure, RecountStatus, RescaleStatus, WorkersStatus,
+};
 use topk_api::{TopKMetric, TopKMetricStatus};
 
-use crate::builders::{self, Names, Settings};
+use crate::builders::{self, ATTEMPT_LABEL, HOUR_START_ANNOTATION, Names, Settings};
+use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
+use crate::recount::{self, JobState, ObservedJob};
 use crate::rollout::{self, Observed};
 use crate::status::condition;
 use crate::topics::Admins;
@@ -43,21 +48,29 @@ pub struct Context {
     pub metrics: Metrics,
     pub topics: Admins,
     pub recorder: Recorder,
-    /// How long departing workers get to release shards before the StatefulSet shrinks.
-    pub drain: Duration,
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Context {
-    /// A context with fresh metrics, Kafka admin clients and an Event recorder for `client`.
-    pub fn new(client: Client, settings: Settings, drain: Duration) -> Arc<Self> {
+    /// A context on the wall clock with fresh metrics, Kafka admin clients and an Event
+    /// recorder for `client`.
+    pub fn new(client: Client, settings: Settings) -> Arc<Self> {
+        Self::with_clock(client, settings, Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(client: Client, settings: Settings, clock: Arc<dyn Clock>) -> Arc<Self> {
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter()),
             client,
             settings,
             metrics: Metrics::default(),
             topics: Admins::default(),
-            drain,
+            clock,
         })
+    }
+
+    fn now(&self) -> Time {
+        Time(self.clock.now())
     }
 }
 
@@ -91,10 +104,6 @@ fn newly_degraded(previous: &TopKMetricStatus, reason: &str) -> bool {
         .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == reason)
 }
 
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
-}
-
 /// Runs the controller until the process stops.
 pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
@@ -106,7 +115,11 @@ pub async fn run(ctx: Arc<Context>) {
         Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default(),
     )
-    .owns(Api::<ConfigMap>::all(client), watcher::Config::default())
+    .owns(
+        Api::<ConfigMap>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Job>::all(client), watcher::Config::default())
     .run(reconcile, error_policy, ctx)
     .for_each(|result| async move {
         if let Err(err) = result {
@@ -171,7 +184,7 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     let previous = metric.status.clone().unwrap_or_default();
     let mut status = previous.clone();
     status.observed_generation = generation;
-    let at = now();
+    let at = ctx.now();
     let cond = |type_: &str, ok: bool, reason: &str, message: String| {
         condition(
             &previous.conditions,
@@ -276,15 +289,32 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         .and_then(|s| s.status.as_ref()?.ready_replicas)
         .unwrap_or(0)
         .max(0) as u32;
+    let running_workers = worker_sts
+        .as_ref()
+        .and_then(|s| s.spec.as_ref()?.replicas)
+        .unwrap_or(0)
+        .max(0) as u32;
     let shards = metric.spec.shards;
     let desired_workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
+    let departing_released = match &table {
+        Some(t) => {
+            let reports = configmaps.get_opt(&names.worker_reports).await?;
+            all_released(
+                reports.as_ref(),
+                desired_workers..running_workers,
+                t.version,
+            )
+        }
+        None => true,
+    };
     let step = rollout::step(&Observed {
         shards,
         desired_workers,
         table: table.as_ref(),
         ready_workers,
         table_age_ms,
-        drain_ms: ctx.drain.as_millis() as i64,
+        drain_ms: ctx.settings.drain.as_millis() as i64,
+        departing_released,
     });
 
     let mut desired = builders::desired(metric, &step.table, &ctx.settings)?;
@@ -326,8 +356,39 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
             .insert(TABLE_CHANGED_AT.to_owned(), changed.clone());
     }
 
+    // Write-ahead: the step's start is in the status before the step acts, so a restarted
+    // operator keeps counting towards the same deadline.
+    status.rescale = step.phase.map(|phase| {
+        let same = previous
+            .rescale
+            .as_ref()
+            .filter(|r| r.phase == phase.as_str() && r.target_workers == desired_workers);
+        RescaleStatus {
+            phase: phase.as_str().to_owned(),
+            target_workers: desired_workers,
+            since: same.map_or_else(|| at.0.to_string(), |r| r.since.clone()),
+        }
+    });
+    if status.rescale != previous.rescale {
+        write_status(metric, &ns, client, &previous, status.clone()).await?;
+    }
+    let rescale_stuck = status.rescale.as_ref().and_then(|r| {
+        let since = r.since.parse::<k8s_openapi::jiff::Timestamp>().ok()?;
+        let waited = at.0.duration_since(since).as_secs_f64();
+        (waited > ctx.settings.rescale_deadline.as_secs_f64()).then(|| {
+            format!(
+                "rescale step {} has waited {:.0}s (deadline {}s): {}; check the worker pods",
+                r.phase,
+                waited,
+                ctx.settings.rescale_deadline.as_secs(),
+                step.progress.clone().unwrap_or_default()
+            )
+        })
+    });
+
     apply(client, &ns, desired.config).await?;
     apply(client, &ns, desired.assignment).await?;
+    apply(client, &ns, desired.worker_reports).await?;
     apply(client, &ns, desired.service_account).await?;
     apply(client, &ns, desired.role).await?;
     apply(client, &ns, desired.role_binding).await?;
@@ -340,6 +401,8 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     if let Some(note) = moved_note {
         event(ctx, metric, EventType::Normal, "ShardsMoved", note).await;
     }
+
+    let recount = recount(metric, &ns, ctx, &previous, &mut status, &at).await?;
 
     let reducer_sts = statefulsets.get_opt(&names.reducer).await?;
     let desired_reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
@@ -358,6 +421,22 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         summary: format!("{}/{}", ready_workers.min(desired_workers), desired_workers),
     });
     status.assignment_version = Some(step.table.version);
+
+    let mut problems: Vec<(&str, String)> = Vec::new();
+    if let Some(problem) = &topic_problem {
+        problems.push((problem.reason(), problem.message()));
+    }
+    if let Some(message) = rescale_stuck {
+        problems.push(("RescaleStuck", message));
+    }
+    if let Some(message) = recount.failing {
+        problems.push(("RecountFailing", message));
+    }
+    for (reason, message) in problems.iter().skip(usize::from(topic_problem.is_some())) {
+        if newly_degraded(&previous, reason) {
+            event(ctx, metric, EventType::Warning, reason, message.clone()).await;
+        }
+    }
     let progress = step.progress.clone();
     status.conditions = vec![
         cond(
@@ -390,21 +469,224 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
                 }
             }),
         ),
-        match &topic_problem {
-            Some(problem) => cond("Degraded", true, problem.reason(), problem.message()),
+        match problems.first() {
+            Some((reason, _)) => cond(
+                "Degraded",
+                true,
+                reason,
+                problems
+                    .iter()
+                    .map(|(_, m)| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
             None => cond("Degraded", false, "AsExpected", String::new()),
         },
     ];
     write_status(metric, &ns, client, &previous, status).await?;
-    // Kafka is not watched: look again soon while a topic problem lasts.
-    let requeue = if topic_problem.is_some() {
+    // Kafka is not watched: look again soon while a topic problem lasts. A stuck rescale is
+    // looked at less often: it waits on something outside the operator.
+    let mut requeue = if topic_problem.is_some() {
         Duration::from_secs(10)
     } else if step.progress.is_some() {
-        Duration::from_secs(2)
+        Duration::from_secs(if problems.is_empty() { 2 } else { 10 })
     } else {
         Duration::from_secs(300)
     };
+    if let Some(due) = recount.due_in {
+        requeue = requeue.min(due);
+    }
     Ok(Action::requeue(requeue))
+}
+
+/// Whether every worker ordinal in `departing` has reported (in the worker-reports ConfigMap,
+/// key `worker-N`, value `{"assignmentVersion": V}`) that it applied table `version` or newer,
+/// i.e. released the shards moved off it.
+fn all_released(
+    reports: Option<&ConfigMap>,
+    mut departing: std::ops::Range<u32>,
+    version: u64,
+) -> bool {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Report {
+        assignment_version: u64,
+    }
+    let data = reports.and_then(|cm| cm.data.as_ref());
+    departing.all(|ordinal| {
+        data.and_then(|d| d.get(&format!("worker-{ordinal}")))
+            .and_then(|text| serde_json::from_str::<Report>(text).ok())
+            .is_some_and(|r| r.assignment_version >= version)
+    })
+}
+
+struct RecountOutcome {
+    /// Why the metric is Degraded by the recount, if it is.
+    failing: Option<String>,
+    /// When the recount next needs a look.
+    due_in: Option<Duration>,
+}
+
+/// One step of the hourly recount: observe the Jobs, decide (pure), create Jobs, update
+/// `exactUntil` and `status.recount`.
+async fn recount(
+    metric: &TopKMetric,
+    ns: &str,
+    ctx: &Context,
+    previous: &TopKMetricStatus,
+    status: &mut TopKMetricStatus,
+    at: &Time,
+) -> Result<RecountOutcome, Error> {
+    let settings = metric.spec.recount_settings();
+    if !settings.enabled {
+        status.recount = None;
+        return Ok(RecountOutcome {
+            failing: None,
+            due_in: None,
+        });
+    }
+    let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = jobs_api
+        .list(&ListParams::default().labels(&builders::selector(metric, "recount")))
+        .await?;
+    let jobs: Vec<ObservedJob> = listed.items.iter().filter_map(observe_job).collect();
+    let memory = recount_memory(previous);
+    let now_ms = at.0.as_millisecond();
+    let created_ms = metric
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(now_ms, |t| t.0.as_millisecond());
+    let plan = recount::plan(
+        now_ms,
+        created_ms,
+        &recount::Settings {
+            grace_ms: settings.grace_ms,
+            backfill_ms: settings.backfill_ms,
+            max_concurrent: settings.max_concurrent,
+        },
+        &memory,
+        &jobs,
+    );
+    if let Some((from, to)) = plan.abandoned {
+        let note = format!(
+            "hours {} to {} fell behind the backfill horizon before they were recounted; they stay approximate and the exact run restarts at {}",
+            rfc3339(from),
+            rfc3339(to),
+            rfc3339(to)
+        );
+        tracing::warn!(name = %metric.name_any(), "{note}");
+        event(ctx, metric, EventType::Warning, "RecountSkipped", note).await;
+    }
+    for (hour, attempt) in &plan.create {
+        let job = builders::recount_job(metric, *hour, *attempt, &ctx.settings)?;
+        apply(&ctx.client, ns, job).await?;
+        ctx.metrics.recount_started();
+        event(
+            ctx,
+            metric,
+            EventType::Normal,
+            "RecountStarted",
+            format!("recounting hour {} (attempt {attempt})", rfc3339(*hour)),
+        )
+        .await;
+    }
+    let memory = plan.memory;
+    status.exact_until = memory.exact_until_ms.map(rfc3339);
+    status.recount = Some(RecountStatus {
+        exact_from: memory.exact_from_ms.map(rfc3339),
+        running: plan.running,
+        succeeded: memory.succeeded.iter().map(|h| rfc3339(*h)).collect(),
+        failures: memory
+            .failures
+            .iter()
+            .map(|(h, f)| RecountFailure {
+                hour: rfc3339(*h),
+                attempts: f.attempts,
+                last_failure: rfc3339(f.last_ms),
+            })
+            .collect(),
+    });
+    Ok(RecountOutcome {
+        failing: plan.failing.map(|(hour, attempts)| {
+            format!(
+                "the recount of hour {} failed {attempts} times (retrying with backoff); exactUntil waits for it; see `kubectl logs -l {}={}`",
+                rfc3339(hour),
+                builders::HOUR_LABEL,
+                builders::hour_id(hour).unwrap_or_default()
+            )
+        }),
+        due_in: Some(Duration::from_millis(
+            (plan.next_due_ms - now_ms).clamp(1_000, 3_600_000) as u64,
+        )),
+    })
+}
+
+fn rfc3339(ms: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn parse_ms(text: &str) -> Option<i64> {
+    text.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond())
+}
+
+/// What the last status remembers of the recount.
+fn recount_memory(previous: &TopKMetricStatus) -> recount::Memory {
+    let mut memory = recount::Memory {
+        exact_until_ms: previous.exact_until.as_deref().and_then(parse_ms),
+        ..Default::default()
+    };
+    if let Some(r) = &previous.recount {
+        memory.exact_from_ms = r.exact_from.as_deref().and_then(parse_ms);
+        memory.succeeded = r.succeeded.iter().filter_map(|h| parse_ms(h)).collect();
+        memory.failures = r
+            .failures
+            .iter()
+            .filter_map(|f| {
+                Some((
+                    parse_ms(&f.hour)?,
+                    recount::Failure {
+                        attempts: f.attempts,
+                        last_ms: parse_ms(&f.last_failure)?,
+                    },
+                ))
+            })
+            .collect();
+    }
+    memory
+}
+
+/// A recount Job's hour, attempt and state; None for a Job without the operator's labels.
+fn observe_job(job: &Job) -> Option<ObservedJob> {
+    let hour_ms = parse_ms(job.annotations().get(HOUR_START_ANNOTATION)?)?;
+    let attempt = job.labels().get(ATTEMPT_LABEL)?.parse().ok()?;
+    let conditions = job
+        .status
+        .as_ref()?
+        .conditions
+        .as_deref()
+        .unwrap_or_default();
+    let finished = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "True")
+    };
+    let state = if finished("Complete").is_some() {
+        JobState::Succeeded
+    } else if finished("Failed").is_some() {
+        JobState::Failed
+    } else {
+        JobState::Running
+    };
+    Some(ObservedJob {
+        hour_ms,
+        attempt,
+        state,
+    })
 }
 
 /// Keeps the `topk.io/delete-topics` finalizer in step with `deletionPolicy`, and on deletion
@@ -438,7 +720,7 @@ async fn finalize(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Option
             Ok(())
         };
         if let Err(problem) = deleted {
-            let waited = now().0.duration_since(deleted_at.0).as_secs_f64();
+            let waited = ctx.now().0.duration_since(deleted_at.0).as_secs_f64();
             if waited < FINALIZER_DEADLINE.as_secs_f64() {
                 tracing::warn!(name = %metric.name_any(), "cannot delete internal topics yet: {}", problem.message());
                 return Ok(Some(Action::requeue(Duration::from_secs(10))));
@@ -481,8 +763,9 @@ fn read_table(cm: &ConfigMap, name: &str) -> Result<Option<AssignmentTable>, Err
 }
 
 /// Server-side applies `obj` unless the live object already carries the hash of this exact
-/// desired content.
-async fn apply<K>(client: &Client, ns: &str, mut obj: K) -> Result<bool, Error>
+/// desired content. A `metadata.resourceVersion` on `obj` is a precondition: the write fails
+/// with a conflict if the object changed since that version.
+pub async fn apply<K>(client: &Client, ns: &str, mut obj: K) -> Result<bool, Error>
 where
     K: Resource<Scope = NamespaceResourceScope>
         + Serialize
@@ -539,6 +822,16 @@ async fn write_status(
             "conditions": status.conditions,
             "workers": status.workers,
             "assignmentVersion": status.assignment_version,
+            "exactUntil": status.exact_until,
+            // Every field spelled out: a merge patch keeps fields it omits, and the status
+            // type omits empty lists.
+            "recount": status.recount.as_ref().map(|r| serde_json::json!({
+                "exactFrom": r.exact_from,
+                "running": r.running,
+                "succeeded": r.succeeded,
+                "failures": r.failures,
+            })),
+            "rescale": status.rescale,
         }
     });
     api.patch_status(

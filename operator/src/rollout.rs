@@ -1,6 +1,7 @@
 //! The order of a rescale, as a pure step function. Scale up: grow the StatefulSet, wait for
 //! the new workers to be ready, then move shards to them. Scale down: move shards off the
-//! departing ordinals first, give their old owners a drain period, then shrink.
+//! departing ordinals first, wait until the departing workers report that they released them
+//! (or the drain period ends; epochs fence them from then on), then shrink.
 
 use topk_api::assignment::AssignmentTable;
 
@@ -19,6 +20,24 @@ pub struct Observed<'a> {
     pub table_age_ms: Option<i64>,
     /// How long a departing worker gets to release its shards before it is removed.
     pub drain_ms: i64,
+    /// Every worker at or above the desired ordinal has reported the current table version.
+    pub departing_released: bool,
+}
+
+/// A rescale step that waits on something outside the operator, and so has a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    WaitingForWorkers,
+    Draining,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::WaitingForWorkers => "WaitingForWorkers",
+            Phase::Draining => "Draining",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +48,8 @@ pub struct Step {
     pub table: AssignmentTable,
     /// What is going on, for the `Progressing` condition; None when settled.
     pub progress: Option<String>,
+    /// The waiting step in progress, if any.
+    pub phase: Option<Phase>,
 }
 
 /// Workers the table spreads shards over (highest owner ordinal + 1).
@@ -43,6 +64,7 @@ pub fn step(o: &Observed<'_>) -> Step {
             statefulset_replicas: desired,
             table: plan(o.shards, o.table, desired),
             progress: None,
+            phase: None,
         };
     };
     let spread = table_workers(current);
@@ -55,6 +77,7 @@ pub fn step(o: &Observed<'_>) -> Step {
                     "scaling up: waiting for {desired} ready workers ({} ready) before moving shards",
                     o.ready_workers
                 )),
+                phase: Some(Phase::WaitingForWorkers),
             };
         }
         let next = plan(o.shards, Some(current), desired);
@@ -64,6 +87,7 @@ pub fn step(o: &Observed<'_>) -> Step {
             table: next,
             progress: (moved > 0)
                 .then(|| format!("scaling up: moved {moved} shards to new workers")),
+            phase: None,
         };
     }
     if desired < spread {
@@ -76,25 +100,24 @@ pub fn step(o: &Observed<'_>) -> Step {
                 "scaling down: moved {moved} shards off workers {desired}..{}; draining",
                 spread - 1
             )),
+            phase: Some(Phase::Draining),
         };
     }
-    // The table already fits the desired workers; departed ordinals may still be running.
-    let draining = o.table_age_ms.is_some_and(|age| age < o.drain_ms);
+    // The table already fits the desired workers; departed ordinals may still be running
+    // until they report their shards released or the drain period ends.
+    let draining = o.ready_workers > desired
+        && !o.departing_released
+        && o.table_age_ms.is_some_and(|age| age < o.drain_ms);
     let next = plan(o.shards, Some(current), desired);
     Step {
-        statefulset_replicas: if draining {
-            o.ready_workers.max(desired)
-        } else {
-            desired
-        },
-        progress: if draining && o.ready_workers > desired {
-            Some(format!(
-                "scaling down: draining before removing {} worker(s)",
+        statefulset_replicas: if draining { o.ready_workers } else { desired },
+        progress: draining.then(|| {
+            format!(
+                "scaling down: waiting for {} departing worker(s) to release their shards",
                 o.ready_workers - desired
-            ))
-        } else {
-            None
-        },
+            )
+        }),
+        phase: draining.then_some(Phase::Draining),
         table: next,
     }
 }
@@ -124,6 +147,7 @@ mod tests {
             ready_workers: ready,
             table_age_ms: age,
             drain_ms: 30_000,
+            departing_released: false,
         }
     }
 
@@ -151,7 +175,19 @@ mod tests {
         let moved = s.table.clone();
         let s = step(&observed(Some(&moved), 2, 3, Some(1_000)));
         assert_eq!(s.statefulset_replicas, 3, "still draining");
+        assert_eq!(s.phase, Some(Phase::Draining));
         let s = step(&observed(Some(&moved), 2, 3, Some(31_000)));
         assert_eq!((s.statefulset_replicas, s.progress), (2, None));
+    }
+
+    #[test]
+    fn scale_down_shrinks_as_soon_as_departing_workers_report_release() {
+        let three = plan(4, Some(&plan(4, None, 3)), 3);
+        let two = plan(4, Some(&three), 2);
+        let mut o = observed(Some(&two), 2, 3, Some(1_000));
+        assert_eq!(step(&o).statefulset_replicas, 3);
+        o.departing_released = true;
+        let s = step(&o);
+        assert_eq!((s.statefulset_replicas, s.phase), (2, None));
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
+use topk_api::topics::TopicNames;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -76,16 +77,17 @@ pub struct InternalTopic {
 /// not collide: summaries (worker -> reducer), shard snapshots (handoff, compacted, one
 /// partition per shard), exact hours (recount, compacted) and dead letters.
 pub fn internal_topics(namespace: &str, name: &str, shards: u32) -> Vec<InternalTopic> {
-    let topic = |suffix: &str, partitions: u32, compacted| InternalTopic {
-        name: format!("topk.{namespace}.{name}.{suffix}"),
+    let names = TopicNames::of(namespace, name);
+    let topic = |name: String, partitions: u32, compacted| InternalTopic {
+        name,
         partitions: partitions.max(1) as i32,
         compacted,
     };
     vec![
-        topic("summaries", 1, false),
-        topic("snapshots", shards, true),
-        topic("exact-hours", 1, true),
-        topic("dead-letters", shards.min(16), false),
+        topic(names.summaries, 1, false),
+        topic(names.snapshots, shards, true),
+        topic(names.exact_hours, 1, true),
+        topic(names.dead_letters, shards.min(16), false),
     ]
 }
 

@@ -1,7 +1,7 @@
 //! The desired objects of a TopKMetric, built from a YAML fixture without any cluster.
 
 use topk_api::{TopKMetric, load_manifest};
-use topk_operator::builders::{CONFIG_HASH_ANNOTATION, Settings, desired};
+use topk_operator::builders::{CONFIG_HASH_ANNOTATION, Settings, desired, recount_job};
 use topk_operator::planner::plan;
 
 fn fixture() -> TopKMetric {
@@ -31,6 +31,7 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
     let metas = [
         &d.config.metadata,
         &d.assignment.metadata,
+        &d.worker_reports.metadata,
         &d.service_account.metadata,
         &d.role.metadata,
         &d.role_binding.metadata,
@@ -78,10 +79,16 @@ fn only_pipeline_changes_roll_the_pods() {
     scaled.spec.workers.as_mut().unwrap().replicas = 2;
     scaled.spec.paused = true;
     scaled.spec.deny_keys = vec!["spam".into()];
+    scaled.spec.recount = Some(topk_api::manifest::RecountSpec {
+        enabled: false,
+        grace: None,
+        backfill: None,
+        max_concurrent: Some(4),
+    });
     assert_eq!(
         hash_of(&base),
         hash_of(&scaled),
-        "replicas, pause and deny list do not roll pods"
+        "replicas, pause, deny list and recount schedule do not roll pods"
     );
     let mut changed = base.clone();
     changed.spec.k = 10;
@@ -90,4 +97,54 @@ fn only_pipeline_changes_roll_the_pods() {
         hash_of(&changed),
         "a pipeline change rolls pods"
     );
+}
+
+#[test]
+fn recount_jobs_have_deterministic_bounded_names_and_run_the_hour() {
+    let metric = fixture();
+    let hour_ms = 1_788_289_200_000; // 2026-09-01T19:00:00Z
+    let job = recount_job(&metric, hour_ms, 2, &Settings::default()).expect("job");
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some("api-requests-recount-2026090119-2")
+    );
+    let again = recount_job(&metric, hour_ms, 2, &Settings::default()).expect("job");
+    assert_eq!(job, again, "the same hour and attempt give the same Job");
+    let spec = job.spec.as_ref().unwrap();
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(
+        pod.containers[0].args.as_ref().unwrap(),
+        &[
+            "recount",
+            "--config",
+            "/etc/topk/metric.json",
+            "--metric-name",
+            "api-requests",
+            "--hour",
+            "2026-09-01T19:00:00Z"
+        ]
+    );
+    assert!(spec.ttl_seconds_after_finished.is_some() && spec.active_deadline_seconds.is_some());
+
+    let mut long = metric.clone();
+    long.metadata.name = Some("a-very-long-metric-name-that-goes-on-and-on-and-on-for-ever".into());
+    let name = recount_job(&long, hour_ms, 12, &Settings::default())
+        .expect("job")
+        .metadata
+        .name
+        .unwrap();
+    assert!(
+        name.len() <= 63 && name.ends_with("-recount-2026090119-12"),
+        "{name}"
+    );
+    let mut other = long.clone();
+    other.metadata.name =
+        Some("a-very-long-metric-name-that-goes-on-and-on-and-on-for-evermore".into());
+    let other_name = recount_job(&other, hour_ms, 12, &Settings::default())
+        .expect("job")
+        .metadata
+        .name
+        .unwrap();
+    assert_ne!(name, other_name, "a hash keeps cut names distinct");
 }

@@ -5,17 +5,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+mod common;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use topk_api::TopKMetric;
 use topk_api::assignment::AssignmentTable;
 use topk_operator::builders::Settings;
 use topk_operator::reconcile::{self, Context};
-use topk_testenv::{TestEnv, await_some, install_crd, mark_pods_ready};
+use topk_testenv::{await_some, mark_pods_ready};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -31,22 +33,16 @@ spec:
   workers: {replicas: 2}
   windows:
     - {name: 1m, length: 1m, bucket: 10s}
+  recount: {enabled: false}  # hourly Jobs are tested with a manual clock in hourly.rs
 "#;
 
+/// A drain period longer than the test: the StatefulSet shrinks only on the workers' report.
 fn context(client: Client) -> Arc<Context> {
-    Context::new(client, Settings::default(), Duration::from_secs(5))
-}
-
-async fn create_topic(env: &TestEnv, name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = env.kafka_config().create().expect("admin");
-    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    for r in admin
-        .create_topics([&topic], &AdminOptions::new())
-        .await
-        .expect("create topics")
-    {
-        r.expect("topic created");
-    }
+    let settings = Settings {
+        drain: Duration::from_secs(600),
+        ..Settings::default()
+    };
+    Context::new(client, settings)
 }
 
 /// A client that counts every request that is not a read.
@@ -88,11 +84,8 @@ fn per_worker(table: &AssignmentTable) -> Vec<usize> {
 }
 
 async fn condition(api: &Api<TopKMetric>, type_: &str) -> Option<String> {
-    let status = api.get("clicks").await.ok()?.status?;
-    status
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == type_)
+    common::condition(api, "clicks", type_)
+        .await
         .map(|c| c.status)
 }
 
@@ -102,14 +95,9 @@ async fn sts_replicas(api: &Api<StatefulSet>, name: &str) -> Option<i32> {
 
 #[tokio::test]
 async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans_up() {
-    let Some(env) = TestEnv::get("operator") else {
+    let Some((env, client, ns)) = common::setup("operator", "op").await else {
         return;
     };
-    let client = env.kube_client().await.expect("client");
-    install_crd(&client, &topk_api::crd::crd())
-        .await
-        .expect("CRD");
-    let ns = env.namespace(&client, "op").await.expect("namespace");
     let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
@@ -137,7 +125,7 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
     })
     .await;
     assert!(message.contains("create it with 4 partitions"), "{message}");
-    create_topic(&env, &topic, 4).await;
+    common::create_topic(&env, &topic, 4).await;
 
     // Every owned object appears; the assignment spreads 4 shards over 2 workers at epoch 1.
     let first = await_some("the assignment table", WAIT, || table(&configmaps)).await;
@@ -289,8 +277,18 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         Some(3),
         "the departing worker drains first"
     );
+    // Worker 2 reports that it applied the new table (released its shards): it can go.
+    let report = serde_json::json!({"data": {"worker-2": format!("{{\"assignmentVersion\": {}}}", shrunk.version)}});
+    configmaps
+        .patch(
+            "clicks-worker-reports",
+            &PatchParams::default(),
+            &Patch::Merge(&report),
+        )
+        .await
+        .expect("worker report");
     await_some(
-        "the StatefulSet to shrink after the drain",
+        "the StatefulSet to shrink after the release report",
         WAIT,
         || async {
             mark_pods_ready(&client, &ns, "app.kubernetes.io/instance=clicks")

@@ -1,6 +1,8 @@
 //! Two operator replicas on the real apiserver: only the lease holder reconciles, and the
 //! other takes over when the holder stops.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,22 +12,17 @@ use topk_api::TopKMetric;
 use topk_operator::builders::Settings;
 use topk_operator::leader::LeaderElector;
 use topk_operator::reconcile::{self, Context};
-use topk_testenv::{TestEnv, await_some, install_crd, unique_name};
+use topk_testenv::{await_some, unique_name};
 
 fn replica(client: &Client) -> Arc<Context> {
-    Context::new(client.clone(), Settings::default(), Duration::from_secs(5))
+    Context::new(client.clone(), Settings::default())
 }
 
 #[tokio::test]
 async fn two_replicas_never_both_act_and_the_follower_takes_over() {
-    let Some(env) = TestEnv::get("operator leader election") else {
+    let Some((env, client, ns)) = common::setup("operator leader election", "lead").await else {
         return;
     };
-    let client = env.kube_client().await.expect("client");
-    install_crd(&client, &topk_api::crd::crd())
-        .await
-        .expect("CRD");
-    let ns = env.namespace(&client, "lead").await.expect("namespace");
     let manifest = format!(
         r#"
 apiVersion: topk.io/v1alpha1

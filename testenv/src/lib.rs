@@ -11,12 +11,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -117,6 +120,24 @@ impl TestEnv {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.kafka_bootstrap);
         config
+    }
+
+    /// Creates topic `name` with `partitions` partitions and topic `config` (e.g.
+    /// `cleanup.policy=compact`); panics on failure, as a test setup step.
+    pub async fn create_topic(&self, name: &str, partitions: i32, config: &[(&str, &str)]) {
+        let admin: AdminClient<DefaultClientContext> =
+            self.kafka_config().create().expect("Kafka admin client");
+        let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+        for (k, v) in config {
+            topic = topic.set(k, v);
+        }
+        let results = admin
+            .create_topics([&topic], &AdminOptions::new())
+            .await
+            .expect("create topics");
+        for r in results {
+            r.expect("topic created");
+        }
     }
 
     /// A kube client authenticated as the environment's admin.
@@ -237,6 +258,29 @@ pub async fn mark_pods_ready(
     set_pod_phase(client, namespace, selector, "Running", true).await
 }
 
+/// Plays the kubelet for StatefulSet `name` until its status reports `replicas` ready: marks
+/// its Pods (matching `selector`) ready as the controller manager creates them.
+pub async fn ready_statefulset(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    selector: &str,
+    replicas: i32,
+    timeout: Duration,
+) {
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+    await_some(
+        &format!("{replicas} ready in StatefulSet {name}"),
+        timeout,
+        || async {
+            mark_pods_ready(client, namespace, selector).await.ok()?;
+            let ready = statefulsets.get(name).await.ok()?.status?.ready_replicas?;
+            (ready == replicas).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Marks the Pods matching `selector` as Succeeded (a finished Job's Pods).
 pub async fn mark_pods_succeeded(
     client: &Client,
@@ -244,6 +288,15 @@ pub async fn mark_pods_succeeded(
     selector: &str,
 ) -> Result<usize, TestEnvError> {
     set_pod_phase(client, namespace, selector, "Succeeded", false).await
+}
+
+/// Marks the Pods matching `selector` as Failed (exit code 1), as a crashed Job Pod.
+pub async fn mark_pods_failed(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+) -> Result<usize, TestEnvError> {
+    set_pod_phase(client, namespace, selector, "Failed", false).await
 }
 
 async fn set_pod_phase(
@@ -271,6 +324,8 @@ async fn set_pod_phase(
             .map(|c| {
                 let state = if phase == "Succeeded" {
                     serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
+                } else if phase == "Failed" {
+                    serde_json::json!({"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}})
                 } else {
                     serde_json::json!({"running": {"startedAt": now}})
                 };

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -15,19 +13,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn create_topic(env: &TestEnv, partitions: i32, config: &[(&str, &str)]) -> String {
     let name = unique_name("topic");
-    let admin: AdminClient<DefaultClientContext> =
-        env.kafka_config().create().expect("admin client");
-    let mut topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
-    for (k, v) in config {
-        topic = topic.set(k, v);
-    }
-    let results = admin
-        .create_topics([&topic], &AdminOptions::new())
-        .await
-        .expect("create topics");
-    for r in results {
-        r.expect("topic created");
-    }
+    env.create_topic(&name, partitions, config).await;
     name
 }
 

@@ -194,21 +194,7 @@ async fn the_controller_manager_runs_statefulsets_and_garbage_collects_dependent
         (names.len() == 2).then_some(names)
     })
     .await;
-    await_some(
-        "the statefulset to report 2 ready replicas",
-        TIMEOUT,
-        || async {
-            mark_pods_ready(&client, &ns, "app=counter").await.ok()?;
-            let ready = statefulsets
-                .get("counter")
-                .await
-                .ok()?
-                .status?
-                .ready_replicas?;
-            (ready == 2).then_some(())
-        },
-    )
-    .await;
+    topk_testenv::ready_statefulset(&client, &ns, "counter", "app=counter", 2, TIMEOUT).await;
 
     // Owner references: deleting the owner removes its dependent.
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);

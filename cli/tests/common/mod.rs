@@ -1,4 +1,5 @@
 //! Helpers for driving the real `topk` binary over loopback HTTP.
+#![allow(dead_code)] // each test binary uses its own subset
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStderr, Command, Stdio};

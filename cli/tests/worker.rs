@@ -1,0 +1,507 @@
+//! The worker against the real Kafka broker (and kube-apiserver) of the test environment:
+//! killed with SIGKILL at random points while the input grows, it still counts every event
+//! exactly once; bad input goes to the dead-letter topic with its reason; a re-sent summary is
+//! always identical to the first; and a shard moved between two workers through the
+//! assignment ConfigMap keeps exact counts while its old owner stops publishing it.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+use topk_api::topics::TopicNames;
+use topk_engine::partition::{message_key, shard_for};
+use topk_testenv::{TestEnv, await_some, unique_name};
+use topk_worker::SummaryRecord;
+
+const SHARDS: u32 = 2;
+const KEYS: u32 = 40;
+const WAIT: Duration = Duration::from_secs(120);
+
+fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
+    format!(
+        r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {{name: {name}}}
+spec:
+  metric: plays
+  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
+  shards: {SHARDS}
+  k: 100
+  maxKeyBytes: 32
+  allowedLateness: 1s
+  windows:
+    - {{name: 1h, length: 1h, bucket: 1m}}
+    - {{name: all, allTime: true, bucket: 1s}}
+"#
+    )
+}
+
+fn table(owners: [(u32, u64); SHARDS as usize], version: u64) -> String {
+    let shards: Vec<_> = owners
+        .iter()
+        .enumerate()
+        .map(|(shard, (worker, epoch))| {
+            serde_json::json!({"shard": shard, "worker": worker, "epoch": epoch})
+        })
+        .collect();
+    serde_json::json!({"version": version, "shards": shards}).to_string()
+}
+
+/// A metric's topics and config file, created fresh.
+struct Fixture {
+    dir: tempfile::TempDir,
+    input: String,
+    topics: TopicNames,
+    config: std::path::PathBuf,
+}
+
+impl Fixture {
+    async fn new(env: &TestEnv, ns: &str) -> Self {
+        let name = unique_name("plays");
+        let input = unique_name("plays-input");
+        let topics = TopicNames::of(ns, &name);
+        env.create_topic(&input, SHARDS as i32, &[]).await;
+        env.create_topic(&topics.summaries, 1, &[]).await;
+        let compact = [("cleanup.policy", "compact")];
+        env.create_topic(&topics.snapshots, SHARDS as i32, &compact)
+            .await;
+        env.create_topic(&topics.dead_letters, 1, &[]).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("metric.yaml");
+        std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+        Self {
+            dir,
+            input,
+            topics,
+            config,
+        }
+    }
+
+    /// Starts worker `ordinal` in namespace `ns`; `control` adds what says where its table is.
+    fn spawn(&self, ns: &str, ordinal: u32, control: impl FnOnce(&mut Command)) -> Worker {
+        let mut command = common::topk();
+        command
+            .args(["worker", "--config"])
+            .arg(&self.config)
+            .args(["--namespace", ns, "--ordinal", &ordinal.to_string()])
+            .arg("--state-dir")
+            .arg(self.dir.path().join(format!("state-{ordinal}")))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--checkpoint-interval",
+                "150ms",
+                "--idle-timeout",
+                "1s",
+            ]);
+        control(&mut command);
+        Worker(
+            command
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start topk worker"),
+        )
+    }
+}
+
+/// A worker process, SIGKILLed when dropped (also when a test fails).
+struct Worker(Child);
+
+impl Worker {
+    fn kill(&mut self) {
+        self.0.kill().expect("SIGKILL");
+        self.0.wait().expect("reaped");
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Produces events (and some bad ones) the way producers must: Kafka's default partitioner on
+/// `metric|scope|key`; keeps the exact answer per (shard, key).
+struct Input {
+    producer: ThreadedProducer<DefaultProducerContext>,
+    topic: String,
+    rng: StdRng,
+    time: i64,
+    oracle: BTreeMap<(u32, String), u64>,
+    bad_sent: usize,
+}
+
+impl Input {
+    fn new(env: &TestEnv, topic: &str) -> Self {
+        let producer = env
+            .kafka_config()
+            .set("partitioner", "murmur2_random")
+            .set("enable.idempotence", "true")
+            .create()
+            .expect("producer");
+        Self {
+            producer,
+            topic: topic.to_owned(),
+            rng: StdRng::seed_from_u64(7),
+            time: 0,
+            oracle: BTreeMap::new(),
+            bad_sent: 0,
+        }
+    }
+
+    /// Live events: times from about now on, in order, so the idle watermark (the clock
+    /// minus the idle timeout and the 1 s lateness) never makes them late and, once the
+    /// stream pauses, closes every bucket.
+    fn produce(&mut self, events: usize) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        self.time = self.time.max(now);
+        for _ in 0..events {
+            self.time += self.rng.random_range(0..2);
+            let key = format!(
+                "song-{}",
+                self.rng.random_range(0..KEYS) * self.rng.random_range(0..2)
+            );
+            let cost = self.rng.random_range(1..3u64);
+            let payload = serde_json::json!({
+                "event_time": self.time, "metric": "plays", "key": key, "cost": cost,
+            })
+            .to_string();
+            let mkey = message_key("plays", "", &key);
+            self.producer
+                .send(BaseRecord::to(&self.topic).key(&mkey).payload(&payload))
+                .expect("enqueue");
+            *self
+                .oracle
+                .entry((shard_for("plays", "", &key, SHARDS), key))
+                .or_default() += cost;
+        }
+        // Bad input mixed in: not JSON, and a key over maxKeyBytes.
+        let long = "k".repeat(40);
+        for (payload, key) in [
+            ("{not json".to_owned(), "plays||x".to_owned()),
+            (
+                serde_json::json!({"event_time": self.time, "metric": "plays", "key": long})
+                    .to_string(),
+                message_key("plays", "", &long),
+            ),
+        ] {
+            self.producer
+                .send(BaseRecord::to(&self.topic).key(&key).payload(&payload))
+                .expect("enqueue");
+            self.bad_sent += 1;
+        }
+        self.producer.flush(Duration::from_secs(30)).expect("flush");
+    }
+
+    fn shard_total(&self, shard: u32) -> u64 {
+        self.oracle
+            .iter()
+            .filter(|((s, _), _)| *s == shard)
+            .map(|(_, c)| c)
+            .sum()
+    }
+
+    fn shard_counts(&self, shard: u32) -> BTreeMap<String, u64> {
+        self.oracle
+            .iter()
+            .filter(|((s, _), _)| *s == shard)
+            .map(|((_, k), c)| (k.clone(), *c))
+            .collect()
+    }
+}
+
+/// A record as read back: (key, payload, headers).
+type Record = (String, Vec<u8>, Vec<(String, String)>);
+
+/// Everything in all partitions of `topic` right now.
+fn read_all(env: &TestEnv, topic: &str, partitions: i32) -> Vec<Record> {
+    let consumer: BaseConsumer = env
+        .kafka_config()
+        .set("group.id", unique_name("check"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut out = Vec::new();
+    for partition in 0..partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(10))
+            .expect("watermarks");
+        if high <= low {
+            continue;
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(low))
+            .expect("offset");
+        consumer.assign(&tpl).expect("assign");
+        let mut next = low;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while next < high {
+            assert!(std::time::Instant::now() < deadline, "reading {topic}");
+            let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
+                continue;
+            };
+            let msg = msg.expect("message");
+            next = msg.offset() + 1;
+            let headers = msg
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            let value = h.value.unwrap_or_default();
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(value).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push((
+                String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned(),
+                msg.payload().unwrap_or_default().to_vec(),
+                headers,
+            ));
+        }
+    }
+    out
+}
+
+fn summaries(env: &TestEnv, topics: &TopicNames) -> Vec<SummaryRecord> {
+    read_all(env, &topics.summaries, 1)
+        .into_iter()
+        .filter_map(|(_, payload, _)| serde_json::from_slice(&payload).ok())
+        .collect()
+}
+
+/// Waits until the newest all-time summary of every shard covers all of `input`'s events;
+/// returns every summary read and those newest ones.
+async fn await_all_counted(
+    env: &TestEnv,
+    topics: &TopicNames,
+    input: &Input,
+) -> (Vec<SummaryRecord>, HashMap<u32, SummaryRecord>) {
+    await_some("all-time summaries covering every event", WAIT, || async {
+        let records = summaries(env, topics);
+        let mut last: HashMap<u32, SummaryRecord> = HashMap::new();
+        for r in records.iter().filter(|r| r.summary.window == "all") {
+            let slot = last.entry(r.summary.shard).or_insert_with(|| r.clone());
+            if (r.summary.epoch, r.summary.seq) > (slot.summary.epoch, slot.summary.seq) {
+                *slot = r.clone();
+            }
+        }
+        let done = (0..SHARDS)
+            .all(|s| last.get(&s).map(|r| r.summary.total) == Some(input.shard_total(s)));
+        done.then_some((records, last))
+    })
+    .await
+}
+
+fn counts(record: &SummaryRecord) -> BTreeMap<String, u64> {
+    record
+        .summary
+        .scopes
+        .iter()
+        .flat_map(|s| s.items.iter().map(|i| (i.key.clone(), i.count)))
+        .collect()
+}
+
+#[tokio::test]
+async fn sigkill_at_random_points_loses_and_doubles_nothing() {
+    let Some(env) = TestEnv::get("worker exactly-once") else {
+        return;
+    };
+    let ns = "test";
+    let fixture = Fixture::new(&env, ns).await;
+    let assignment = fixture.dir.path().join("assignment.json");
+    std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
+    let from_file = |c: &mut Command| {
+        c.arg("--assignment-file").arg(&assignment);
+    };
+    let mut input = Input::new(&env, &fixture.input);
+    let mut rng = StdRng::seed_from_u64(11);
+    for round in 0..8 {
+        input.produce(3_000);
+        let mut worker = fixture.spawn(ns, 0, from_file);
+        let kill_after = Duration::from_millis(rng.random_range(200..1_500));
+        // The kill point is the test's random input, not a wait for a condition.
+        tokio::time::sleep(kill_after).await;
+        worker.kill();
+        eprintln!("round {round}: killed after {kill_after:?}");
+    }
+    input.produce(3_000);
+    let mut worker = fixture.spawn(ns, 0, from_file);
+    let (records, last) = await_all_counted(&env, &fixture.topics, &input).await;
+    worker.kill();
+
+    for shard in 0..SHARDS {
+        assert_eq!(
+            counts(&last[&shard]),
+            input.shard_counts(shard),
+            "shard {shard}: counts after 8 SIGKILLs"
+        );
+        assert_eq!(last[&shard].summary.epoch, 1);
+    }
+    // A summary re-sent after a crash is the same summary: (shard, window, seq) names one.
+    let mut by_id: HashMap<(u32, String, u64), &SummaryRecord> = HashMap::new();
+    for r in &records {
+        let id = (r.summary.shard, r.summary.window.clone(), r.summary.seq);
+        if let Some(first) = by_id.insert(id.clone(), r) {
+            assert_eq!(
+                first.summary, r.summary,
+                "summary {id:?} re-sent with other content"
+            );
+        }
+    }
+
+    // Every bad event is in the dead-letter topic with its reason (re-sends deduplicated by
+    // their source position).
+    let letters: BTreeMap<String, String> = read_all(&env, &fixture.topics.dead_letters, 1)
+        .into_iter()
+        .map(|(key, _, headers)| {
+            let reason = headers
+                .into_iter()
+                .find(|(k, _)| k == "reason")
+                .map(|(_, v)| v)
+                .unwrap_or_default();
+            (key, reason)
+        })
+        .collect();
+    assert_eq!(letters.len(), input.bad_sent, "{letters:?}");
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for reason in letters.values() {
+        *reasons.entry(reason.as_str()).or_default() += 1;
+    }
+    let half = input.bad_sent / 2;
+    assert_eq!(
+        reasons,
+        BTreeMap::from([("invalid_json", half), ("oversize_key", half)])
+    );
+}
+
+#[tokio::test]
+async fn a_shard_moved_through_the_api_stays_exact_and_its_old_owner_goes_quiet() {
+    let Some(env) = TestEnv::get("worker handoff") else {
+        return;
+    };
+    let client = env.kube_client().await.expect("client");
+    let ns = env.namespace(&client, "handoff").await.expect("namespace");
+    let fixture = Fixture::new(&env, &ns).await;
+    let name = fixture
+        .topics
+        .summaries
+        .split('.')
+        .nth(2)
+        .expect("metric name in the topic")
+        .to_owned();
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let assignment = |text: String| {
+        serde_json::from_value::<ConfigMap>(serde_json::json!({
+            "metadata": {"name": format!("{name}-assignment")},
+            "data": {"assignment.json": text},
+        }))
+        .expect("ConfigMap")
+    };
+    configmaps
+        .create(
+            &PostParams::default(),
+            &assignment(table([(0, 1), (0, 1)], 1)),
+        )
+        .await
+        .expect("assignment ConfigMap");
+    let reports = format!("{name}-worker-reports");
+    configmaps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": reports}}))
+                .expect("ConfigMap"),
+        )
+        .await
+        .expect("reports ConfigMap");
+    let through_api = |c: &mut Command| {
+        c.env("KUBECONFIG", &env.kubeconfig);
+    };
+    let report = |ordinal: u32| {
+        let configmaps = configmaps.clone();
+        let reports = reports.clone();
+        async move {
+            let cm = configmaps.get(&reports).await.ok()?;
+            let text = cm.data?.get(&format!("worker-{ordinal}"))?.clone();
+            serde_json::from_str::<serde_json::Value>(&text).ok()?["assignmentVersion"].as_u64()
+        }
+    };
+
+    let mut input = Input::new(&env, &fixture.input);
+    input.produce(3_000);
+    let mut zero = fixture.spawn(&ns, 0, through_api);
+    let mut one = fixture.spawn(&ns, 1, through_api);
+    await_all_counted(&env, &fixture.topics, &input).await;
+    for ordinal in [0, 1] {
+        await_some(&format!("worker {ordinal}'s report"), WAIT, || async {
+            (report(ordinal).await? >= 1).then_some(())
+        })
+        .await;
+    }
+
+    // Shard 1 moves to worker 1 at a new epoch.
+    let moved = serde_json::json!({"data": {"assignment.json": table([(0, 1), (1, 2)], 2)}});
+    configmaps
+        .patch(
+            &format!("{name}-assignment"),
+            &PatchParams::default(),
+            &Patch::Merge(&moved),
+        )
+        .await
+        .expect("move shard 1");
+    for ordinal in [0, 1] {
+        await_some(
+            &format!("worker {ordinal} to apply version 2"),
+            WAIT,
+            || async { (report(ordinal).await? >= 2).then_some(()) },
+        )
+        .await;
+    }
+    let old_owner_sent = |records: &[SummaryRecord]| {
+        records
+            .iter()
+            .filter(|r| r.summary.shard == 1 && r.summary.epoch == 1)
+            .count()
+    };
+    let before = old_owner_sent(&summaries(&env, &fixture.topics));
+
+    input.produce(3_000);
+    let (records, last) = await_all_counted(&env, &fixture.topics, &input).await;
+    zero.kill();
+    one.kill();
+    for shard in 0..SHARDS {
+        assert_eq!(
+            counts(&last[&shard]),
+            input.shard_counts(shard),
+            "shard {shard} after the move"
+        );
+    }
+    assert_eq!(last[&1].summary.epoch, 2, "the new owner publishes shard 1");
+    assert_eq!(
+        old_owner_sent(&records),
+        before,
+        "the old owner published shard 1 after releasing it"
+    );
+}

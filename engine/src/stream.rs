@@ -1,0 +1,173 @@
+//! One shard's counting path as a worker runs it: validation, the shard's own watermark,
+//! counting, and one summary per window at each bucket boundary the watermark passes.
+//!
+//! The watermark is the highest accepted event time minus the allowed lateness. A shard with
+//! no events for a while would hold back every list that needs it, so [`ShardStream::advance_idle`]
+//! lets the clock move it forward after an idle timeout. Time is passed in, never read.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::event::{Event, RejectReason};
+use crate::partition::shard_for;
+use crate::pipeline::check_event;
+use crate::shard::ShardCounter;
+use crate::snapshot::ShardSnapshot;
+use crate::summary::ShardSummary;
+use crate::window::closed_boundary;
+
+pub struct ShardStream {
+    cfg: EngineConfig,
+    counter: ShardCounter,
+    max_event_ms: Option<i64>,
+    /// Lowest watermark, raised by idle advances.
+    watermark_floor: Option<i64>,
+    /// Per window, the boundary of the last summary.
+    published_end: Vec<Option<i64>>,
+    /// Smallest watermark at which some window has a new boundary.
+    next_publish_ms: i64,
+    accepted: u64,
+}
+
+/// Everything a [`ShardStream`] needs to continue exactly where it stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamSnapshot {
+    pub counter: ShardSnapshot,
+    pub max_event_ms: Option<i64>,
+    pub watermark_floor: Option<i64>,
+    pub published_end: Vec<Option<i64>>,
+    pub accepted: u64,
+}
+
+impl ShardStream {
+    /// Expects a validated configuration.
+    pub fn new(cfg: &EngineConfig, shard: u32) -> Self {
+        Self {
+            counter: ShardCounter::new(cfg, shard),
+            max_event_ms: None,
+            watermark_floor: None,
+            published_end: vec![None; cfg.windows.len()],
+            next_publish_ms: i64::MIN,
+            accepted: 0,
+            cfg: cfg.clone(),
+        }
+    }
+
+    pub fn restore(cfg: &EngineConfig, snap: &StreamSnapshot) -> Result<Self, EngineError> {
+        if snap.published_end.len() != cfg.windows.len() {
+            return Err(EngineError::Snapshot("window count differs".into()));
+        }
+        Ok(Self {
+            counter: ShardCounter::restore(cfg, &snap.counter)?,
+            max_event_ms: snap.max_event_ms,
+            watermark_floor: snap.watermark_floor,
+            published_end: snap.published_end.clone(),
+            next_publish_ms: i64::MIN,
+            accepted: snap.accepted,
+            cfg: cfg.clone(),
+        })
+    }
+
+    pub fn snapshot(&self) -> StreamSnapshot {
+        StreamSnapshot {
+            counter: self.counter.snapshot(&self.cfg),
+            max_event_ms: self.max_event_ms,
+            watermark_floor: self.watermark_floor,
+            published_end: self.published_end.clone(),
+            accepted: self.accepted,
+        }
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.counter.shard()
+    }
+
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.counter.set_epoch(epoch);
+    }
+
+    pub fn accepted(&self) -> u64 {
+        self.accepted
+    }
+
+    pub fn max_event_ms(&self) -> Option<i64> {
+        self.max_event_ms
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        self.counter.state_bytes()
+    }
+
+    pub fn watermark_ms(&self) -> Option<i64> {
+        let by_events = self
+            .max_event_ms
+            .map(|t| t.saturating_sub(self.cfg.allowed_lateness_ms));
+        by_events.max(self.watermark_floor)
+    }
+
+    /// Validates and counts one event; summaries of windows whose boundary the watermark
+    /// passed go to `out`. A rejection is returned and nothing is counted; that includes an event
+    /// whose key belongs to another shard.
+    pub fn ingest(
+        &mut self,
+        event: &Event<'_>,
+        now_ms: i64,
+        out: &mut Vec<ShardSummary>,
+    ) -> Result<(), RejectReason> {
+        check_event(&self.cfg, event, now_ms, self.watermark_ms())?;
+        let owner = shard_for(&self.cfg.metric, &event.scope, &event.key, self.cfg.shards);
+        if owner != self.counter.shard() {
+            return Err(RejectReason::WrongShard);
+        }
+        if self.max_event_ms.is_none_or(|t| event.time_ms > t) {
+            self.max_event_ms = Some(event.time_ms);
+            self.publish_due(out);
+        }
+        self.counter
+            .add(&event.scope, &event.key, event.time_ms, event.cost);
+        self.accepted += 1;
+        Ok(())
+    }
+
+    /// For a shard that saw no event for `idle_timeout_ms`: moves the watermark to
+    /// `now - idle_timeout - lateness` if that is ahead, and publishes what it closes. Returns
+    /// whether the watermark moved (the caller should checkpoint: later events are judged
+    /// against it).
+    pub fn advance_idle(
+        &mut self,
+        now_ms: i64,
+        idle_timeout_ms: i64,
+        out: &mut Vec<ShardSummary>,
+    ) -> bool {
+        let floor = now_ms
+            .saturating_sub(idle_timeout_ms)
+            .saturating_sub(self.cfg.allowed_lateness_ms);
+        if self.watermark_ms().is_some_and(|wm| wm >= floor) {
+            return false;
+        }
+        self.watermark_floor = Some(floor);
+        self.publish_due(out);
+        true
+    }
+
+    fn publish_due(&mut self, out: &mut Vec<ShardSummary>) {
+        let Some(watermark) = self.watermark_ms() else {
+            return;
+        };
+        if watermark < self.next_publish_ms {
+            return;
+        }
+        let mut next = i64::MAX;
+        for (w, cfg) in self.cfg.windows.iter().enumerate() {
+            let boundary = closed_boundary(watermark, cfg.bucket_ms);
+            if self.published_end[w].is_none_or(|end| boundary > end) {
+                self.counter.advance_window(w, watermark);
+                out.push(self.counter.summary(w, watermark));
+                self.published_end[w] = Some(boundary);
+            }
+            next = next.min(boundary.saturating_add(cfg.bucket_ms));
+        }
+        self.next_publish_ms = next;
+    }
+}

@@ -1,0 +1,130 @@
+//! A shard stream stopped at any point, snapshotted, serialised and restored, then fed the rest
+//! of the input, publishes exactly what an uninterrupted stream publishes (exact mode), and a
+//! restored approximate stream keeps its sketches cell for cell.
+
+use std::borrow::Cow;
+
+use proptest::prelude::*;
+use topk_engine::event::Event;
+use topk_engine::stream::{ShardStream, StreamSnapshot};
+use topk_engine::{EngineConfig, Mode, ShardSummary, SketchParams, WindowConfig};
+
+const NOW: i64 = 1 << 50;
+
+fn config(mode: Mode) -> EngineConfig {
+    EngineConfig {
+        metric: "m".into(),
+        shards: 1,
+        k: 3,
+        mode,
+        allowed_lateness_ms: 30,
+        max_future_skew_ms: 1_000,
+        max_key_bytes: 64,
+        windows: vec![
+            WindowConfig::sliding("short", 40, 10),
+            WindowConfig::sliding("long", 120, 20),
+            WindowConfig::all_time("all", 50),
+        ],
+    }
+}
+
+fn event(time_ms: i64, scope: u8, key: u8, cost: u64) -> Event<'static> {
+    Event {
+        event_id: None,
+        time_ms,
+        metric: Cow::Borrowed("m"),
+        scope: Cow::Owned(if scope == 0 {
+            String::new()
+        } else {
+            format!("s{scope}")
+        }),
+        key: Cow::Owned(format!("k{key}")),
+        cost,
+    }
+}
+
+type Input = Vec<(i64, u8, u8, u64)>;
+
+fn run(stream: &mut ShardStream, input: &[(i64, u8, u8, u64)], out: &mut Vec<ShardSummary>) {
+    for &(t, s, k, c) in input {
+        let _ = stream.ingest(&event(t, s, k, c), NOW, out);
+    }
+}
+
+/// Serialises through JSON, as a checkpoint would through any serde format.
+fn roundtrip(snap: &StreamSnapshot) -> StreamSnapshot {
+    let text = serde_json::to_string(snap).expect("serialise");
+    serde_json::from_str(&text).expect("deserialise")
+}
+
+fn inputs() -> impl Strategy<Value = Input> {
+    proptest::collection::vec((0i64..400, 0u8..3, 0u8..12, 1u64..4), 1..300).prop_map(|mut v| {
+        // A drifting clock with some disorder, so buckets close, expire and late events occur.
+        for (i, e) in v.iter_mut().enumerate() {
+            e.0 += i as i64;
+        }
+        v
+    })
+}
+
+proptest! {
+    #[test]
+    fn exact_restore_continues_as_if_never_stopped(input in inputs(), cut in 0usize..300, idle_at in proptest::option::of(0usize..300)) {
+        let cfg = config(Mode::Exact);
+        let cut = cut.min(input.len());
+        let mut straight = ShardStream::new(&cfg, 0);
+        straight.set_epoch(4);
+        let mut want = Vec::new();
+        run(&mut straight, &input[..cut], &mut want);
+        let idle = |s: &mut ShardStream, out: &mut Vec<ShardSummary>| {
+            if idle_at.is_some_and(|i| i <= cut) {
+                let now = s.max_event_ms().unwrap_or(0) + 100;
+                s.advance_idle(now, 20, out);
+            }
+        };
+        idle(&mut straight, &mut want);
+        let snap = roundtrip(&straight.snapshot());
+        let before = want.len();
+        run(&mut straight, &input[cut..], &mut want);
+        straight.advance_idle(NOW, 0, &mut want);
+
+        let mut restored = ShardStream::restore(&cfg, &snap).expect("restore");
+        let mut got = Vec::new();
+        run(&mut restored, &input[cut..], &mut got);
+        restored.advance_idle(NOW, 0, &mut got);
+        prop_assert_eq!(&want[before..], &got[..]);
+        prop_assert_eq!(straight.accepted(), restored.accepted());
+        prop_assert_eq!(roundtrip(&straight.snapshot()), roundtrip(&restored.snapshot()));
+    }
+
+    #[test]
+    fn approximate_restore_keeps_the_state(input in inputs(), cut in 0usize..300) {
+        let cfg = config(Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.1, candidates: 5 }));
+        let cut = cut.min(input.len());
+        let mut stream = ShardStream::new(&cfg, 0);
+        let mut out = Vec::new();
+        run(&mut stream, &input[..cut], &mut out);
+        let snap = roundtrip(&stream.snapshot());
+        let restored = ShardStream::restore(&cfg, &snap).expect("restore");
+        prop_assert_eq!(roundtrip(&restored.snapshot()), snap);
+    }
+}
+
+#[test]
+fn a_snapshot_under_another_configuration_is_refused() {
+    let cfg = config(Mode::Exact);
+    let mut stream = ShardStream::new(&cfg, 0);
+    let mut out = Vec::new();
+    run(&mut stream, &[(5, 0, 1, 1)], &mut out);
+    let snap = stream.snapshot();
+    let mut other = cfg.clone();
+    other.windows[0] = WindowConfig::sliding("short", 60, 10);
+    let err = ShardStream::restore(&other, &snap).err().expect("refused");
+    assert!(err.to_string().contains("another configuration"), "{err}");
+    let approx = config(Mode::Approximate(SketchParams {
+        epsilon: 0.05,
+        delta: 0.1,
+        candidates: 5,
+    }));
+    assert!(ShardStream::restore(&approx, &snap).is_err());
+}

@@ -1,0 +1,29 @@
+//! Setup shared by the operator's tests against the real test environment.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{Api, Client};
+use topk_api::TopKMetric;
+use topk_testenv::{TestEnv, install_crd};
+
+/// The test environment, a client, the CRD installed and a fresh namespace; None (after a loud
+/// message) when the environment is absent on a developer's machine.
+pub async fn setup(test: &str, ns_prefix: &str) -> Option<(TestEnv, Client, String)> {
+    let env = TestEnv::get(test)?;
+    let client = env.kube_client().await.expect("client");
+    install_crd(&client, &topk_api::crd::crd())
+        .await
+        .expect("CRD");
+    let ns = env.namespace(&client, ns_prefix).await.expect("namespace");
+    Some((env, client, ns))
+}
+
+pub async fn create_topic(env: &TestEnv, name: &str, partitions: i32) {
+    env.create_topic(name, partitions, &[]).await;
+}
+
+/// The TopKMetric's condition of `type_`, if it has one yet.
+pub async fn condition(api: &Api<TopKMetric>, name: &str, type_: &str) -> Option<Condition> {
+    let status = api.get(name).await.ok()?.status?;
+    status.conditions.into_iter().find(|c| c.type_ == type_)
+}

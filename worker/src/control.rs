@@ -1,0 +1,122 @@
+//! Where a worker learns its shards and tells the operator what it applied.
+//!
+//! In a cluster it watches the assignment ConfigMap through the API (a mounted file updates
+//! late) and reports into the worker-reports ConfigMap; outside a cluster both are files. Both
+//! run as async tasks feeding a watch channel that the counting thread polls between messages.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::sync::{mpsc, watch};
+use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+
+/// Field manager of the workers' reports.
+const MANAGER: &str = "topk-worker";
+
+fn parse_table(text: &str, from: &str) -> Option<AssignmentTable> {
+    match serde_json::from_str(text) {
+        Ok(table) => Some(table),
+        Err(err) => {
+            tracing::warn!(%err, from, "unreadable assignment table; keeping the current one");
+            None
+        }
+    }
+}
+
+/// Publishes the table in `path` whenever its content changes (checked every 200 ms).
+pub async fn watch_file(path: PathBuf, tx: watch::Sender<Option<AssignmentTable>>) {
+    let mut last = String::new();
+    loop {
+        match tokio::fs::read_to_string(&path).await {
+            Ok(text) if text != last => {
+                if let Some(table) = parse_table(&text, &path.display().to_string()) {
+                    tx.send_replace(Some(table));
+                }
+                last = text;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::debug!(%err, path = %path.display(), "assignment file not readable yet")
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Publishes the table of ConfigMap `name` on every change, through a watch on the API.
+pub async fn watch_configmap(
+    client: Client,
+    namespace: String,
+    name: String,
+    tx: watch::Sender<Option<AssignmentTable>>,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher::watcher(api, config).boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
+                if let Some(text) = cm.data.as_ref().and_then(|d| d.get(ASSIGNMENT_KEY))
+                    && let Some(table) = parse_table(text, &name)
+                {
+                    tx.send_replace(Some(table));
+                }
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(%err, "assignment watch interrupted; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// The value a worker reports for the assignment version it applied.
+pub fn report_value(version: u64) -> String {
+    serde_json::json!({"assignmentVersion": version}).to_string()
+}
+
+/// Writes each reported version to `path` (`{"assignmentVersion": V}`).
+pub async fn report_to_file(path: PathBuf, mut rx: mpsc::UnboundedReceiver<u64>) {
+    while let Some(version) = rx.recv().await {
+        if let Err(err) = tokio::fs::write(&path, report_value(version)).await {
+            tracing::warn!(%err, path = %path.display(), "cannot write the worker report");
+        }
+    }
+}
+
+/// Patches key `worker-ORDINAL` of ConfigMap `name` with each reported version.
+pub async fn report_to_configmap(
+    client: Client,
+    namespace: String,
+    name: String,
+    ordinal: u32,
+    mut rx: mpsc::UnboundedReceiver<u64>,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    while let Some(version) = rx.recv().await {
+        let patch =
+            serde_json::json!({"data": {format!("worker-{ordinal}"): report_value(version)}});
+        // Retried until it lands or a newer version supersedes it.
+        loop {
+            match api
+                .patch(&name, &PatchParams::apply(MANAGER), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => break,
+                Err(err) => {
+                    tracing::warn!(%err, version, "cannot report the applied assignment; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if !rx.is_empty() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The worker: counts the shards the assignment table gives it, on Kafka, with RocksDB
+//! checkpoints, and publishes shard summaries for the reducer. `topk worker` runs it.
+
+pub mod checkpoint;
+pub mod control;
+pub mod error;
+pub mod handoff;
+pub mod metrics;
+pub mod output;
+pub mod worker;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::Deserialize;
+use tokio::sync::{mpsc, watch};
+use topk_api::TopKMetricSpec;
+use topk_api::topics::TopicNames;
+
+pub use error::Error;
+pub use worker::{Health, SummaryRecord, Worker, WorkerSettings};
+
+/// The rendered pipeline config the operator mounts (`metric.json`).
+#[derive(Deserialize)]
+struct Rendered {
+    name: String,
+    spec: TopKMetricSpec,
+}
+
+/// Reads the config the operator renders (JSON), or a TopKMetric manifest (YAML). Returns the
+/// metric's name, its spec and a version string (hash of the file).
+pub fn load_config(path: &Path) -> Result<(String, TopKMetricSpec, String), Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+    let version = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()));
+    if let Ok(rendered) = serde_json::from_str::<Rendered>(&text) {
+        return Ok((rendered.name, rendered.spec, version));
+    }
+    let metric = topk_api::load_manifest(&text)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let name = metric.metadata.name.clone().unwrap_or_default();
+    Ok((name, metric.spec, version))
+}
+
+/// Where the assignment table comes from and where the applied version goes.
+pub enum ControlPlane {
+    /// Files: outside a cluster (tests, local runs).
+    Files {
+        assignment: PathBuf,
+        report: Option<PathBuf>,
+    },
+    /// The assignment and worker-reports ConfigMaps, through the API.
+    Kubernetes {
+        client: kube::Client,
+        namespace: String,
+    },
+}
+
+/// Resolves the engine config and topic names of a worker.
+pub fn settings(
+    name: &str,
+    spec: &TopKMetricSpec,
+    namespace: &str,
+    ordinal: u32,
+    config_version: String,
+) -> Result<WorkerSettings, Error> {
+    let engine = spec
+        .engine_config()
+        .map_err(|e| Error::Config(e.to_string()))?;
+    if ordinal >= engine.shards {
+        return Err(Error::Config(format!(
+            "worker ordinal {ordinal} is not below shards ({})",
+            engine.shards
+        )));
+    }
+    Ok(WorkerSettings {
+        name: name.to_owned(),
+        ordinal,
+        engine,
+        config_version,
+        bootstrap: spec.source.kafka.bootstrap_servers.clone(),
+        input_topic: spec.source.kafka.topic.clone(),
+        topics: TopicNames::of(namespace, name),
+        state_dir: PathBuf::from("/var/lib/topk"),
+        checkpoint_every: Duration::from_secs(5),
+        snapshot_every: Duration::from_secs(60),
+        idle_timeout: Duration::from_secs(30),
+        handoff_wait: Duration::from_secs(30),
+    })
+}
+
+/// `/metrics`, `/healthz`, and `/readyz` (200 once the worker's shards are restored).
+pub fn router(health: Arc<Health>) -> Router {
+    let metrics = health.clone();
+    let ready = health;
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || async move { metrics.metrics.encode() }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || async move {
+                if ready.ready.load(Ordering::SeqCst) {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "restoring shards\n")
+                }
+            }),
+        )
+}
+
+/// Runs a worker until SIGTERM/SIGINT, then checkpoints and returns.
+pub async fn run(
+    settings: WorkerSettings,
+    control: ControlPlane,
+    listener: tokio::net::TcpListener,
+) -> Result<(), Error> {
+    let health = Arc::new(Health::default());
+    let (table_tx, table_rx) = watch::channel(None);
+    let (report_tx, report_rx) = mpsc::unbounded_channel();
+    match control {
+        ControlPlane::Files { assignment, report } => {
+            tokio::spawn(control::watch_file(assignment, table_tx));
+            if let Some(report) = report {
+                tokio::spawn(control::report_to_file(report, report_rx));
+            }
+        }
+        ControlPlane::Kubernetes { client, namespace } => {
+            tokio::spawn(control::watch_configmap(
+                client.clone(),
+                namespace.clone(),
+                format!("{}-assignment", settings.name),
+                table_tx,
+            ));
+            tokio::spawn(control::report_to_configmap(
+                client,
+                namespace,
+                format!("{}-worker-reports", settings.name),
+                settings.ordinal,
+                report_rx,
+            ));
+        }
+    }
+    let app = router(health.clone());
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(%err, "HTTP server stopped");
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut worker = Worker::new(settings, table_rx, report_tx, health)?;
+    let stopper = stop.clone();
+    let counting = tokio::task::spawn_blocking(move || worker.run(&stopper));
+    tokio::pin!(counting);
+    tokio::select! {
+        result = &mut counting => return result.map_err(|e| Error::Config(e.to_string()))?,
+        _ = shutdown_signal() => tracing::info!("stopping: checkpointing every shard"),
+    }
+    stop.store(true, Ordering::SeqCst);
+    counting.await.map_err(|e| Error::Config(e.to_string()))?
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,121 @@
+//! Prometheus metrics of a worker.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use topk_engine::RejectReason;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabel {
+    pub shard: u32,
+}
+
+pub struct WorkerMetrics {
+    pub registry: Registry,
+    pub events_in: Counter,
+    pub events_rejected: Family<ReasonLabel, Counter>,
+    pub summaries_published: Counter,
+    pub consumer_lag: Family<ShardLabel, Gauge>,
+    pub watermark_lag_seconds: Family<ShardLabel, Gauge>,
+    pub checkpoint_seconds: Histogram,
+    pub checkpoint_bytes: Gauge,
+    pub state_bytes: Gauge,
+    pub owned_shards: Gauge,
+    pub snapshots_published: Counter,
+}
+
+impl Default for WorkerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("topk_worker");
+        let m = Self {
+            events_in: Counter::default(),
+            events_rejected: Family::default(),
+            summaries_published: Counter::default(),
+            consumer_lag: Family::default(),
+            watermark_lag_seconds: Family::default(),
+            checkpoint_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            checkpoint_bytes: Gauge::default(),
+            state_bytes: Gauge::default(),
+            owned_shards: Gauge::default(),
+            snapshots_published: Counter::default(),
+            registry: Registry::default(),
+        };
+        for reason in RejectReason::ALL {
+            // Every reason is exported from the start, at zero.
+            let _ = m.events_rejected.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            });
+        }
+        registry.register("events", "Input messages read", m.events_in.clone());
+        registry.register(
+            "events_rejected",
+            "Input messages not counted, by reason (also in the dead-letter topic)",
+            m.events_rejected.clone(),
+        );
+        registry.register(
+            "summaries_published",
+            "Shard summaries sent to the reducer",
+            m.summaries_published.clone(),
+        );
+        registry.register(
+            "consumer_lag",
+            "Input messages not yet read, per shard",
+            m.consumer_lag.clone(),
+        );
+        registry.register(
+            "watermark_lag_seconds",
+            "Wall clock minus the shard's watermark",
+            m.watermark_lag_seconds.clone(),
+        );
+        registry.register(
+            "checkpoint_duration_seconds",
+            "Time to flush output and write a checkpoint",
+            m.checkpoint_seconds.clone(),
+        );
+        registry.register(
+            "checkpoint_bytes",
+            "Size of the last checkpoint",
+            m.checkpoint_bytes.clone(),
+        );
+        registry.register(
+            "state_bytes",
+            "Heap held by the counting state",
+            m.state_bytes.clone(),
+        );
+        registry.register(
+            "owned_shards",
+            "Shards this worker counts",
+            m.owned_shards.clone(),
+        );
+        registry.register(
+            "snapshots_published",
+            "Shard snapshots sent to the handoff topic",
+            m.snapshots_published.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl WorkerMetrics {
+    pub fn rejected(&self, reason: RejectReason) {
+        self.events_rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

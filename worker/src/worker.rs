@@ -1,0 +1,600 @@
+//! The counting loop of one worker: owns the shards the assignment table gives its ordinal,
+//! consumes them with manual `assign`, counts with the engine, publishes summaries and dead
+//! letters, checkpoints to RocksDB, and hands shards over through the snapshot topic.
+//!
+//! Exactly-once in exact mode: a checkpoint holds a shard's state and the first offset not in
+//! it, written in one RocksDB write after every earlier output was acknowledged by the broker.
+//! A restart loads it and consumes from that offset, so every event is counted once; summaries
+//! re-sent after a crash carry the same (shard, epoch, seq) and are idempotent downstream.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use topk_api::assignment::AssignmentTable;
+use topk_api::topics::TopicNames;
+use topk_engine::event::{RejectReason, parse_event};
+use topk_engine::stream::ShardStream;
+use topk_engine::{EngineConfig, ShardSummary};
+
+use crate::checkpoint::{Checkpoint, CheckpointStore};
+use crate::error::Error;
+use crate::handoff;
+use crate::metrics::{ShardLabel, WorkerMetrics};
+use crate::output::{DeliveryCounter, send};
+
+/// Everything a worker needs to know, resolved from its flags and the rendered config.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// The TopKMetric's name.
+    pub name: String,
+    pub ordinal: u32,
+    pub engine: EngineConfig,
+    /// Hash of the rendered config, stamped on summaries.
+    pub config_version: String,
+    pub bootstrap: String,
+    pub input_topic: String,
+    pub topics: TopicNames,
+    pub state_dir: PathBuf,
+    pub checkpoint_every: Duration,
+    /// Shard snapshots also go to the handoff topic this often (and on release).
+    pub snapshot_every: Duration,
+    /// A shard with no event for this long has its watermark moved by the clock.
+    pub idle_timeout: Duration,
+    /// How long a worker gaining a moved shard waits for its previous owner's release snapshot.
+    pub handoff_wait: Duration,
+}
+
+/// A summary as sent to the reducer: the shard summary plus where in the input it stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SummaryRecord {
+    #[serde(flatten)]
+    pub summary: ShardSummary,
+    /// First input offset of the shard's partition not reflected in the summary.
+    pub input_offset: i64,
+    pub config_version: String,
+}
+
+struct Owned {
+    stream: ShardStream,
+    epoch: u64,
+    next_offset: i64,
+    last_event: Instant,
+    /// Summaries made by an idle advance: checkpointed before they are sent (see
+    /// [`Checkpoint::outbox`]).
+    outbox: Vec<Vec<u8>>,
+}
+
+/// State shared with the HTTP endpoints.
+#[derive(Default)]
+pub struct Health {
+    pub ready: AtomicBool,
+    pub metrics: WorkerMetrics,
+}
+
+/// Where counting output goes: summaries and dead letters, through one producer.
+struct Sink {
+    settings: WorkerSettings,
+    producer: ThreadedProducer<DeliveryCounter>,
+    health: Arc<Health>,
+}
+
+pub struct Worker {
+    sink: Sink,
+    kafka: ClientConfig,
+    consumer: BaseConsumer,
+    delivery: DeliveryCounter,
+    store: CheckpointStore,
+    owned: BTreeMap<u32, Owned>,
+    table_version: Option<u64>,
+    tables: watch::Receiver<Option<AssignmentTable>>,
+    reports: mpsc::UnboundedSender<u64>,
+    last_checkpoint: Instant,
+    last_snapshot: Instant,
+    last_lag_check: Instant,
+    summaries: Vec<ShardSummary>,
+}
+
+impl Sink {
+    /// Counts one input message (or dead-letters it) and sends the summaries it completes.
+    fn handle(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        owned: &mut BTreeMap<u32, Owned>,
+        summaries: &mut Vec<ShardSummary>,
+    ) -> Result<(), Error> {
+        let shard = msg.partition() as u32;
+        let offset = msg.offset();
+        let Some(owned) = owned.get_mut(&shard) else {
+            return Ok(()); // released since it was fetched
+        };
+        if offset < owned.next_offset {
+            return Ok(()); // already counted (re-delivered after a seek)
+        }
+        owned.next_offset = offset + 1;
+        owned.last_event = Instant::now();
+        let metrics = &self.health.metrics;
+        metrics.events_in.inc();
+        let payload = msg.payload().unwrap_or_default();
+        let outcome = match std::str::from_utf8(payload) {
+            Err(_) => Err(RejectReason::InvalidJson),
+            Ok(text) => parse_event(text, self.settings.engine.max_key_bytes)
+                .and_then(|event| owned.stream.ingest(&event, now_ms(), summaries)),
+        };
+        if let Err(reason) = outcome {
+            metrics.rejected(reason);
+            self.dead_letter(payload, reason, shard, offset)?;
+        }
+        self.send_summaries(summaries, owned.next_offset)
+    }
+
+    fn dead_letter(
+        &self,
+        payload: &[u8],
+        reason: RejectReason,
+        shard: u32,
+        offset: i64,
+    ) -> Result<(), Error> {
+        let at = format!("{}/{shard}/{offset}", self.settings.input_topic);
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "reason",
+                value: Some(reason.as_str()),
+            })
+            .insert(Header {
+                key: "source",
+                value: Some(at.as_str()),
+            });
+        send(
+            &self.producer,
+            BaseRecord::to(&self.settings.topics.dead_letters)
+                .key(at.as_bytes())
+                .payload(payload)
+                .headers(headers),
+        )
+    }
+
+    /// Sends a shard's snapshot to the handoff topic and waits until the broker has it.
+    fn publish_snapshot(&self, cp: &Checkpoint, released: bool) -> Result<(), Error> {
+        handoff::publish(
+            &self.producer,
+            &self.settings.topics.snapshots,
+            cp,
+            released,
+        )?;
+        self.health.metrics.snapshots_published.inc();
+        Ok(())
+    }
+
+    /// Sends (and empties) `summaries`, which reflect input up to `input_offset`.
+    fn send_summaries(
+        &self,
+        summaries: &mut Vec<ShardSummary>,
+        input_offset: i64,
+    ) -> Result<(), Error> {
+        let bodies = self.encode_summaries(summaries, input_offset)?;
+        self.send_bodies(&bodies)
+    }
+
+    /// The records of (and empties) `summaries`, which reflect input up to `input_offset`.
+    fn encode_summaries(
+        &self,
+        summaries: &mut Vec<ShardSummary>,
+        input_offset: i64,
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        summaries
+            .drain(..)
+            .map(|summary| {
+                let record = SummaryRecord {
+                    summary,
+                    input_offset,
+                    config_version: self.settings.config_version.clone(),
+                };
+                serde_json::to_vec(&record).map_err(|e| Error::Encode(e.to_string()))
+            })
+            .collect()
+    }
+
+    fn send_bodies(&self, bodies: &[Vec<u8>]) -> Result<(), Error> {
+        for body in bodies {
+            send(
+                &self.producer,
+                BaseRecord::to(&self.settings.topics.summaries)
+                    .key(self.settings.name.as_bytes())
+                    .payload(body),
+            )?;
+            self.health.metrics.summaries_published.inc();
+        }
+        Ok(())
+    }
+}
+
+const LAG_CHECK_EVERY: Duration = Duration::from_secs(10);
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Worker {
+    pub fn new(
+        settings: WorkerSettings,
+        tables: watch::Receiver<Option<AssignmentTable>>,
+        reports: mpsc::UnboundedSender<u64>,
+        health: Arc<Health>,
+    ) -> Result<Self, Error> {
+        let mut kafka = ClientConfig::new();
+        kafka.set("bootstrap.servers", &settings.bootstrap);
+        // Offsets live in the checkpoints, never in the group; the id is only required.
+        let consumer: BaseConsumer = kafka
+            .clone()
+            .set("group.id", format!("topk-{}-worker", settings.name))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false")
+            .create()?;
+        let delivery = DeliveryCounter::default();
+        let producer: ThreadedProducer<DeliveryCounter> = kafka
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create_with_context(delivery.clone())?;
+        std::fs::create_dir_all(&settings.state_dir)?;
+        let store = CheckpointStore::open(&settings.state_dir.join("checkpoints"))?;
+        let mut snapshot_reader = kafka.clone();
+        snapshot_reader
+            .set("group.id", format!("topk-{}-handoff", settings.name))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false");
+        Ok(Self {
+            sink: Sink {
+                settings,
+                producer,
+                health,
+            },
+            kafka: snapshot_reader,
+            consumer,
+            delivery,
+            store,
+            owned: BTreeMap::new(),
+            table_version: None,
+            tables,
+            reports,
+            last_checkpoint: Instant::now(),
+            last_snapshot: Instant::now(),
+            last_lag_check: Instant::now(),
+            summaries: Vec::new(),
+        })
+    }
+
+    /// Runs until `stop` is set, then checkpoints every shard and returns.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), Error> {
+        while !stop.load(Ordering::SeqCst) {
+            if self.tables.has_changed().unwrap_or(false) {
+                let table = self.tables.borrow_and_update().clone();
+                if let Some(table) = table {
+                    self.apply(&table)?;
+                }
+            }
+            if self.owned.is_empty() {
+                // Nothing to consume: wait for a table instead of spinning.
+                std::thread::park_timeout(Duration::from_millis(50));
+            } else if let Some(result) = self.consumer.poll(Duration::from_millis(100)) {
+                match result {
+                    Ok(msg) => self
+                        .sink
+                        .handle(&msg, &mut self.owned, &mut self.summaries)?,
+                    Err(err) => tracing::warn!(%err, "consumer error"),
+                }
+            }
+            self.advance_idle_shards()?;
+            if self.last_checkpoint.elapsed() >= self.sink.settings.checkpoint_every {
+                self.checkpoint()?;
+            }
+            if self.last_snapshot.elapsed() >= self.sink.settings.snapshot_every {
+                self.publish_snapshots()?;
+            }
+        }
+        self.checkpoint()?;
+        tracing::info!("stopped after a final checkpoint");
+        Ok(())
+    }
+
+    /// Moves the watermark of caught-up shards that saw no event for the idle timeout. What
+    /// that publishes depends on the clock, so a replay would not repeat it: the new state and
+    /// its summaries are checkpointed together first, then sent (and re-sent after a crash).
+    fn advance_idle_shards(&mut self) -> Result<(), Error> {
+        let idle = self.sink.settings.idle_timeout;
+        let now = now_ms();
+        let shards: Vec<u32> = self
+            .owned
+            .iter()
+            .filter(|(_, o)| o.last_event.elapsed() >= idle)
+            .map(|(s, _)| *s)
+            .collect();
+        let mut moved = false;
+        for shard in shards {
+            // Idle means no new input, not a slow fetch: only a caught-up shard moves.
+            let high = self
+                .consumer
+                .fetch_watermarks(
+                    &self.sink.settings.input_topic,
+                    shard as i32,
+                    Duration::from_secs(1),
+                )
+                .map(|(_, high)| high);
+            let Some(owned) = self.owned.get_mut(&shard) else {
+                continue;
+            };
+            owned.last_event = Instant::now();
+            if !high.is_ok_and(|high| owned.next_offset >= high) {
+                continue;
+            }
+            if owned
+                .stream
+                .advance_idle(now, idle.as_millis() as i64, &mut self.summaries)
+            {
+                moved = true;
+                let bodies = self
+                    .sink
+                    .encode_summaries(&mut self.summaries, owned.next_offset)?;
+                owned.outbox.extend(bodies);
+            }
+        }
+        if moved {
+            self.checkpoint()?;
+            self.send_outboxes()?;
+        }
+        Ok(())
+    }
+
+    /// Sends the checkpointed idle summaries; the next checkpoint then forgets them.
+    fn send_outboxes(&mut self) -> Result<(), Error> {
+        for owned in self.owned.values_mut() {
+            self.sink.send_bodies(&owned.outbox)?;
+            owned.outbox.clear();
+        }
+        Ok(())
+    }
+
+    /// Waits for every output sent so far, then records each shard's state and next offset.
+    pub fn checkpoint(&mut self) -> Result<(), Error> {
+        let started = Instant::now();
+        self.sink.producer.flush(Duration::from_secs(30))?;
+        // Any undelivered record stops the worker; its restart re-sends from the checkpoint.
+        let failed = self.delivery.failed();
+        if failed > 0 {
+            return Err(Error::Delivery(failed));
+        }
+        let checkpoints = self.checkpoints();
+        let bytes = self.store.save(&checkpoints)?;
+        let metrics = &self.sink.health.metrics;
+        metrics
+            .checkpoint_seconds
+            .observe(started.elapsed().as_secs_f64());
+        metrics.checkpoint_bytes.set(bytes as i64);
+        let mut state = 0;
+        let now = now_ms();
+        for (shard, owned) in &self.owned {
+            state += owned.stream.state_bytes();
+            let label = ShardLabel { shard: *shard };
+            if let Some(wm) = owned.stream.watermark_ms() {
+                metrics
+                    .watermark_lag_seconds
+                    .get_or_create(&label)
+                    .set((now - wm) / 1000);
+            }
+        }
+        metrics.state_bytes.set(state as i64);
+        self.last_checkpoint = Instant::now();
+        if self.last_lag_check.elapsed() >= LAG_CHECK_EVERY {
+            self.measure_lag();
+        }
+        Ok(())
+    }
+
+    /// Consumer lag per shard: a broker round trip per shard, so not on every checkpoint.
+    fn measure_lag(&mut self) {
+        for (shard, owned) in &self.owned {
+            if let Ok((_, high)) = self.consumer.fetch_watermarks(
+                &self.sink.settings.input_topic,
+                *shard as i32,
+                Duration::from_secs(1),
+            ) {
+                self.sink
+                    .health
+                    .metrics
+                    .consumer_lag
+                    .get_or_create(&ShardLabel { shard: *shard })
+                    .set((high - owned.next_offset).max(0));
+            }
+        }
+        self.last_lag_check = Instant::now();
+    }
+
+    fn checkpoints(&self) -> Vec<Checkpoint> {
+        self.owned
+            .iter()
+            .map(|(shard, o)| Checkpoint {
+                shard: *shard,
+                epoch: o.epoch,
+                next_offset: o.next_offset,
+                stream: o.stream.snapshot(),
+                outbox: o.outbox.clone(),
+            })
+            .collect()
+    }
+
+    fn publish_snapshots(&mut self) -> Result<(), Error> {
+        self.checkpoint()?;
+        for cp in self.checkpoints() {
+            self.sink.publish_snapshot(&cp, false)?;
+        }
+        self.last_snapshot = Instant::now();
+        Ok(())
+    }
+
+    /// Applies an assignment table: releases shards no longer ours (checkpoint, snapshot to
+    /// the handoff topic, stop consuming), restores the ones gained, reassigns the consumer
+    /// and reports the version applied.
+    fn apply(&mut self, table: &AssignmentTable) -> Result<(), Error> {
+        if table.shards.len() != self.sink.settings.engine.shards as usize {
+            tracing::warn!(
+                version = table.version,
+                "assignment table has {} shards, the config {}; ignoring it",
+                table.shards.len(),
+                self.sink.settings.engine.shards
+            );
+            return Ok(());
+        }
+        let mine: BTreeMap<u32, u64> = table
+            .shards
+            .iter()
+            .filter(|o| o.worker == self.sink.settings.ordinal)
+            .map(|o| (o.shard, o.epoch))
+            .collect();
+        let released: Vec<u32> = self
+            .owned
+            .iter()
+            .filter(|(shard, o)| mine.get(shard) != Some(&o.epoch))
+            .map(|(shard, _)| *shard)
+            .collect();
+        if !released.is_empty() {
+            self.checkpoint()?;
+            for cp in self.checkpoints() {
+                if released.contains(&cp.shard) {
+                    self.sink.publish_snapshot(&cp, true)?;
+                }
+            }
+            for shard in &released {
+                self.owned.remove(shard);
+                self.store.remove(*shard)?;
+                tracing::info!(shard, "released");
+            }
+        }
+        let gained: Vec<(u32, u64)> = mine
+            .iter()
+            .filter(|(shard, _)| !self.owned.contains_key(shard))
+            .map(|(s, e)| (*s, *e))
+            .collect();
+        if !gained.is_empty() {
+            self.sink.health.ready.store(false, Ordering::SeqCst);
+        }
+        for (shard, epoch) in gained {
+            let owned = self.restore(shard, epoch)?;
+            tracing::info!(shard, epoch, next_offset = owned.next_offset, "acquired");
+            self.owned.insert(shard, owned);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (shard, owned) in &self.owned {
+            tpl.add_partition_offset(
+                &self.sink.settings.input_topic,
+                *shard as i32,
+                Offset::Offset(owned.next_offset),
+            )?;
+        }
+        self.consumer.assign(&tpl)?;
+        // Idle summaries a crash kept from being sent go out now (the same records again).
+        self.send_outboxes()?;
+        self.sink
+            .health
+            .metrics
+            .owned_shards
+            .set(self.owned.len() as i64);
+        if !released.is_empty() || self.table_version.is_none() {
+            self.checkpoint()?;
+        }
+        self.table_version = Some(table.version);
+        self.sink.health.ready.store(true, Ordering::SeqCst);
+        let _ = self.reports.send(table.version);
+        tracing::info!(
+            version = table.version,
+            shards = ?self.owned.keys().collect::<Vec<_>>(),
+            "assignment applied"
+        );
+        Ok(())
+    }
+
+    /// The newest state of a shard: this worker's own checkpoint or the handoff topic's
+    /// snapshot, whichever is further along; else a fresh state from the earliest offset.
+    /// A shard that moved here (epoch above 1) waits up to `handoff_wait` for its previous
+    /// owner's release snapshot; if that owner is gone, an older snapshot (replayed from its
+    /// offset) is just as exact, only slower.
+    fn restore(&self, shard: u32, epoch: u64) -> Result<Owned, Error> {
+        let local = self.store.load(shard)?;
+        let topic = &self.sink.settings.topics.snapshots;
+        let deadline = Instant::now() + self.sink.settings.handoff_wait;
+        let remote = loop {
+            let found = handoff::fetch_latest(&self.kafka, topic, shard).unwrap_or_else(|err| {
+                tracing::warn!(shard, %err, "cannot read the handoff topic");
+                None
+            });
+            let previous_released = found
+                .as_ref()
+                .is_some_and(|h| h.released && h.checkpoint.epoch + 1 >= epoch);
+            let own_is_newest = local.as_ref().is_some_and(|cp| cp.epoch + 1 >= epoch);
+            if epoch <= 1 || previous_released || own_is_newest || Instant::now() >= deadline {
+                if epoch > 1 && !previous_released && !own_is_newest {
+                    tracing::warn!(
+                        shard,
+                        epoch,
+                        "no release snapshot from the previous owner; restoring the newest one found"
+                    );
+                }
+                break found.map(|h| h.checkpoint);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let newest = [local, remote]
+            .into_iter()
+            .flatten()
+            .max_by_key(|cp| (cp.epoch, cp.next_offset));
+        let restored = newest.and_then(|cp| {
+            match ShardStream::restore(&self.sink.settings.engine, &cp.stream) {
+                Ok(stream) => Some((stream, cp.next_offset, cp.outbox)),
+                Err(err) => {
+                    // A changed counting configuration cannot reuse the old state: count the
+                    // shard again from the oldest input still retained.
+                    tracing::warn!(shard, %err, "recounting the shard from the start of its input");
+                    None
+                }
+            }
+        });
+        let (mut stream, next_offset, outbox) = match restored {
+            Some(found) => found,
+            None => {
+                let (low, _) = self.consumer.fetch_watermarks(
+                    &self.sink.settings.input_topic,
+                    shard as i32,
+                    Duration::from_secs(10),
+                )?;
+                (
+                    ShardStream::new(&self.sink.settings.engine, shard),
+                    low,
+                    Vec::new(),
+                )
+            }
+        };
+        stream.set_epoch(epoch);
+        Ok(Owned {
+            stream,
+            epoch,
+            next_offset,
+            last_event: Instant::now(),
+            outbox,
+        })
+    }
+}
