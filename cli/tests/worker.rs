@@ -505,3 +505,104 @@ async fn a_shard_moved_through_the_api_stays_exact_and_its_old_owner_goes_quiet(
         "the old owner published shard 1 after releasing it"
     );
 }
+
+/// Sends events for keys `u{from}..u{to}`, each key once, all timed now.
+fn flood(input: &Input, from: u64, to: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    for i in from..to {
+        let key = format!("u{i}");
+        let payload =
+            serde_json::json!({"event_time": now, "metric": "plays", "key": key}).to_string();
+        let mkey = message_key("plays", "", &key);
+        let mut record = BaseRecord::to(&input.topic).key(&mkey).payload(&payload);
+        while let Err((_, back)) = input.producer.send(record) {
+            record = back;
+            input
+                .producer
+                .flush(Duration::from_secs(30))
+                .expect("flush");
+        }
+    }
+    input
+        .producer
+        .flush(Duration::from_secs(30))
+        .expect("flush");
+}
+
+/// The value of an unlabelled metric in a Prometheus text page.
+fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn approximate_state_stays_flat_under_a_flood_of_unique_keys() {
+    let Some(env) = TestEnv::get("worker approximate memory") else {
+        return;
+    };
+    let ns = "test";
+    let fixture = Fixture::new(&env, ns).await;
+    let approximate = std::fs::read_to_string(&fixture.config)
+        .expect("config")
+        .replace(
+            "  k: 100\n",
+            "  k: 100\n  mode: approximate\n  sketch: {epsilon: 0.001, delta: 0.01, candidates: 200}\n",
+        );
+    std::fs::write(&fixture.config, approximate).expect("config");
+    let assignment = fixture.dir.path().join("assignment.json");
+    std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
+    let config = fixture.config.to_string_lossy().into_owned();
+    let state = fixture
+        .dir
+        .path()
+        .join("state")
+        .to_string_lossy()
+        .into_owned();
+    let assignment = assignment.to_string_lossy().into_owned();
+    let worker = common::spawn(&[
+        "worker",
+        "--config",
+        &config,
+        "--namespace",
+        ns,
+        "--ordinal",
+        "0",
+        "--state-dir",
+        &state,
+        "--assignment-file",
+        &assignment,
+        "--checkpoint-interval",
+        "100ms",
+    ]);
+    let input = Input::new(&env, &fixture.input);
+    let page = || common::get(&format!("{}/metrics", worker.base)).1;
+    let checkpoints = |page: &str| metric(page, "topk_worker_checkpoint_duration_seconds_count");
+    // The state gauge is refreshed by each checkpoint: read it after one that follows the
+    // last event.
+    let state_after = |events: u64| {
+        let seen = common::await_some(&format!("{events} events counted"), WAIT, || {
+            let page = page();
+            let read = metric(&page, "topk_worker_events_total")?;
+            (read as u64 >= events)
+                .then(|| checkpoints(&page))
+                .flatten()
+        });
+        common::await_some("a checkpoint after them", WAIT, || {
+            let page = page();
+            (checkpoints(&page)? > seen)
+                .then(|| metric(&page, "topk_worker_state_bytes"))
+                .flatten()
+        })
+    };
+    flood(&input, 0, 20_000);
+    let small = state_after(20_000);
+    flood(&input, 20_000, 220_000);
+    let large = state_after(220_000);
+    assert!(
+        large <= small * 1.25,
+        "state grew from {small} to {large} bytes with 11x the unique keys"
+    );
+}

@@ -1,0 +1,200 @@
+//! Worker throughput end to end (consume, parse, count, checkpoint) next to a bare rdkafka
+//! consumer reading the same topic in the same run, on the test environment's broker.
+//!
+//! `cargo bench -p topk-worker --bench throughput` (after `./scripts/testenv.sh up`).
+//! `WORKER_BENCH_EVENTS` sets the stream length (default 1,000,000 events, 4 partitions).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{mpsc, watch};
+use topk_api::assignment::{AssignmentTable, ShardOwner};
+use topk_engine::partition::message_key;
+use topk_testenv::{TestEnv, unique_name};
+use topk_worker::{Health, Worker};
+
+const SHARDS: u32 = 4;
+const KEYS: u64 = 10_000;
+
+fn main() {
+    let Some(env) = TestEnv::get("worker throughput benchmark") else {
+        return;
+    };
+    let events: u64 = std::env::var("WORKER_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let name = unique_name("bench");
+    let input = unique_name("bench-input");
+    let topics = topk_api::topics::TopicNames::of("bench", &name);
+    runtime.block_on(async {
+        env.create_topic(&input, SHARDS as i32, &[]).await;
+        env.create_topic(&topics.summaries, 1, &[]).await;
+        let compact = [("cleanup.policy", "compact")];
+        env.create_topic(&topics.snapshots, SHARDS as i32, &compact)
+            .await;
+        env.create_topic(&topics.dead_letters, 1, &[]).await;
+    });
+
+    // Small JSON events over 10k keys in 3 scopes, timed now and onwards.
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .create()
+        .expect("producer");
+    let start_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut bytes = 0usize;
+    for i in 0..events {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let key = format!("k{}", (state % KEYS) * (state % 3) / 2);
+        let scope = ["eu", "us", "ap"][(i % 3) as usize];
+        let payload = format!(
+            r#"{{"event_time":{},"metric":"bench","scope":"{scope}","key":"{key}"}}"#,
+            start_ms + (i / 1000) as i64
+        );
+        bytes += payload.len();
+        let mkey = message_key("bench", scope, &key);
+        let mut record = BaseRecord::to(&input).key(&mkey).payload(&payload);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120)).expect("flush");
+    println!(
+        "{events} events, {} bytes on average, {SHARDS} partitions",
+        bytes / events as usize
+    );
+
+    let bare = bare_consumer(&env, &input, events);
+    let (worker_secs, checkpoint, state_bytes, checkpoint_bytes) =
+        worker(&env, &name, &input, events);
+    let per_sec = |secs: f64| events as f64 / secs;
+    println!();
+    println!("| reader | events/s | ratio |");
+    println!("|---|---:|---:|");
+    println!(
+        "| bare rdkafka consumer | {:.0} | 1.00 |",
+        per_sec(bare.as_secs_f64())
+    );
+    println!(
+        "| topk worker (consume, parse, count, checkpoint) | {:.0} | {:.2} |",
+        per_sec(worker_secs),
+        bare.as_secs_f64() / worker_secs
+    );
+    println!();
+    println!(
+        "state {:.1} MiB in memory, checkpoint {:.1} MiB written in {:.0} ms",
+        state_bytes as f64 / 1_048_576.0,
+        checkpoint_bytes as f64 / 1_048_576.0,
+        checkpoint.as_secs_f64() * 1000.0
+    );
+}
+
+/// Reads every event of `topic` from the beginning, touching each payload.
+fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> Duration {
+    let consumer: BaseConsumer = env
+        .kafka_config()
+        .set("group.id", unique_name("bare"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..SHARDS as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("offset");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let started = Instant::now();
+    let mut seen = 0u64;
+    let mut checksum = 0usize;
+    while seen < events {
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
+            checksum = checksum.wrapping_add(msg.payload().map_or(0, <[u8]>::len));
+            seen += 1;
+        }
+    }
+    std::hint::black_box(checksum);
+    started.elapsed()
+}
+
+/// Runs a worker owning every shard until it has read `events`; returns the seconds that
+/// took, one more checkpoint's duration, the state size and the checkpoint size.
+fn worker(env: &TestEnv, name: &str, topic: &str, events: u64) -> (f64, Duration, i64, i64) {
+    let manifest = format!(
+        r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {{name: {name}}}
+spec:
+  metric: bench
+  source: {{kafka: {{bootstrapServers: "{}", topic: {topic}}}}}
+  shards: {SHARDS}
+  k: 100
+  windows:
+    - {{name: 5m, length: 5m, bucket: 10s}}
+    - {{name: 1h, length: 1h, bucket: 1m}}
+"#,
+        env.kafka_bootstrap
+    );
+    let metric = topk_api::load_manifest(&manifest).expect("manifest");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings =
+        topk_worker::settings(name, &metric.spec, "bench", 0, "bench".into()).expect("settings");
+    settings.state_dir = dir.path().to_owned();
+    let table = AssignmentTable {
+        version: 1,
+        shards: (0..SHARDS)
+            .map(|shard| ShardOwner {
+                shard,
+                worker: 0,
+                epoch: 1,
+            })
+            .collect(),
+    };
+    let (_tables_tx, tables) = watch::channel(Some(table));
+    let (reports, _reports_rx) = mpsc::unbounded_channel();
+    let health = Arc::new(Health::default());
+    let mut worker = Worker::new(settings, tables, reports, health.clone()).expect("worker");
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopper = stop.clone();
+    let started = Instant::now();
+    let thread = std::thread::spawn(move || {
+        worker.run(&stopper).expect("worker run");
+        worker
+    });
+    while health.metrics.events_in.get() < events {
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    let mut worker = thread.join().expect("worker thread");
+    let checkpoint_started = Instant::now();
+    worker.checkpoint().expect("checkpoint");
+    let checkpoint = checkpoint_started.elapsed();
+    (
+        secs,
+        checkpoint,
+        health.metrics.state_bytes.get(),
+        health.metrics.checkpoint_bytes.get(),
+    )
+}
