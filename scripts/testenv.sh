@@ -241,6 +241,7 @@ cmd_up() {
 # Written by scripts/testenv.sh up; source it to reach the test environment.
 export TOPK_TESTENV_ENV_FILE=$ENV_FILE
 export TOPK_KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port
+export TOPK_KAFKA_LIBS=$KAFKA_LIBS
 export TOPK_KUBECONFIG=$RUN/kubeconfig
 export TOPK_KUBE_VERSION=$KUBE_VERSION
 export TOPK_HELM=$HELM_BIN/helm

@@ -15,6 +15,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
@@ -22,7 +23,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 use topk_api::topics::TopicNames;
 use topk_engine::partition::{message_key, shard_for};
-use topk_testenv::{TestEnv, await_some, unique_name};
+use topk_testenv::{PrivateKafka, TestEnv, await_some, create_topic, unique_name};
 use topk_worker::SummaryRecord;
 
 const SHARDS: u32 = 2;
@@ -70,18 +71,22 @@ struct Fixture {
 
 impl Fixture {
     async fn new(env: &TestEnv, ns: &str) -> Self {
+        Self::on(&env.kafka_config(), &env.kafka_bootstrap, ns).await
+    }
+
+    /// The same on the broker at `bootstrap`.
+    async fn on(kafka: &ClientConfig, bootstrap: &str, ns: &str) -> Self {
         let name = unique_name("plays");
         let input = unique_name("plays-input");
         let topics = TopicNames::of(ns, &name);
-        env.create_topic(&input, SHARDS as i32, &[]).await;
-        env.create_topic(&topics.summaries, 1, &[]).await;
+        create_topic(kafka, &input, SHARDS as i32, &[]).await;
+        create_topic(kafka, &topics.summaries, 1, &[]).await;
         let compact = [("cleanup.policy", "compact")];
-        env.create_topic(&topics.snapshots, SHARDS as i32, &compact)
-            .await;
-        env.create_topic(&topics.dead_letters, 1, &[]).await;
+        create_topic(kafka, &topics.snapshots, SHARDS as i32, &compact).await;
+        create_topic(kafka, &topics.dead_letters, 1, &[]).await;
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("metric.yaml");
-        std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+        std::fs::write(&config, manifest(&name, bootstrap, &input)).expect("config");
         Self {
             dir,
             input,
@@ -148,9 +153,9 @@ struct Input {
 }
 
 impl Input {
-    fn new(env: &TestEnv, topic: &str) -> Self {
-        let producer = env
-            .kafka_config()
+    fn new(kafka: &ClientConfig, topic: &str) -> Self {
+        let producer = kafka
+            .clone()
             .set("partitioner", "murmur2_random")
             .set("enable.idempotence", "true")
             .create()
@@ -233,9 +238,9 @@ impl Input {
 type Record = (String, Vec<u8>, Vec<(String, String)>);
 
 /// Everything in all partitions of `topic` right now.
-fn read_all(env: &TestEnv, topic: &str, partitions: i32) -> Vec<Record> {
-    let consumer: BaseConsumer = env
-        .kafka_config()
+fn read_all(kafka: &ClientConfig, topic: &str, partitions: i32) -> Vec<Record> {
+    let consumer: BaseConsumer = kafka
+        .clone()
         .set("group.id", unique_name("check"))
         .set("enable.auto.commit", "false")
         .create()
@@ -285,8 +290,8 @@ fn read_all(env: &TestEnv, topic: &str, partitions: i32) -> Vec<Record> {
     out
 }
 
-fn summaries(env: &TestEnv, topics: &TopicNames) -> Vec<SummaryRecord> {
-    read_all(env, &topics.summaries, 1)
+fn summaries(kafka: &ClientConfig, topics: &TopicNames) -> Vec<SummaryRecord> {
+    read_all(kafka, &topics.summaries, 1)
         .into_iter()
         .filter_map(|(_, payload, _)| serde_json::from_slice(&payload).ok())
         .collect()
@@ -295,12 +300,12 @@ fn summaries(env: &TestEnv, topics: &TopicNames) -> Vec<SummaryRecord> {
 /// Waits until the newest all-time summary of every shard covers all of `input`'s events;
 /// returns every summary read and those newest ones.
 async fn await_all_counted(
-    env: &TestEnv,
+    kafka: &ClientConfig,
     topics: &TopicNames,
     input: &Input,
 ) -> (Vec<SummaryRecord>, HashMap<u32, SummaryRecord>) {
     await_some("all-time summaries covering every event", WAIT, || async {
-        let records = summaries(env, topics);
+        let records = summaries(kafka, topics);
         let mut last: HashMap<u32, SummaryRecord> = HashMap::new();
         for r in records.iter().filter(|r| r.summary.window == "all") {
             let slot = last.entry(r.summary.shard).or_insert_with(|| r.clone());
@@ -336,7 +341,7 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
     let from_file = |c: &mut Command| {
         c.arg("--assignment-file").arg(&assignment);
     };
-    let mut input = Input::new(&env, &fixture.input);
+    let mut input = Input::new(&env.kafka_config(), &fixture.input);
     let mut rng = StdRng::seed_from_u64(11);
     for round in 0..8 {
         input.produce(3_000);
@@ -349,7 +354,7 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
     }
     input.produce(3_000);
     let mut worker = fixture.spawn(ns, 0, from_file);
-    let (records, last) = await_all_counted(&env, &fixture.topics, &input).await;
+    let (records, last) = await_all_counted(&env.kafka_config(), &fixture.topics, &input).await;
     worker.kill();
 
     for shard in 0..SHARDS {
@@ -374,17 +379,18 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
 
     // Every bad event is in the dead-letter topic with its reason (re-sends deduplicated by
     // their source position).
-    let letters: BTreeMap<String, String> = read_all(&env, &fixture.topics.dead_letters, 1)
-        .into_iter()
-        .map(|(key, _, headers)| {
-            let reason = headers
-                .into_iter()
-                .find(|(k, _)| k == "reason")
-                .map(|(_, v)| v)
-                .unwrap_or_default();
-            (key, reason)
-        })
-        .collect();
+    let letters: BTreeMap<String, String> =
+        read_all(&env.kafka_config(), &fixture.topics.dead_letters, 1)
+            .into_iter()
+            .map(|(key, _, headers)| {
+                let reason = headers
+                    .into_iter()
+                    .find(|(k, _)| k == "reason")
+                    .map(|(_, v)| v)
+                    .unwrap_or_default();
+                (key, reason)
+            })
+            .collect();
     assert_eq!(letters.len(), input.bad_sent, "{letters:?}");
     let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
     for reason in letters.values() {
@@ -449,11 +455,11 @@ async fn a_shard_moved_through_the_api_stays_exact_and_its_old_owner_goes_quiet(
         }
     };
 
-    let mut input = Input::new(&env, &fixture.input);
+    let mut input = Input::new(&env.kafka_config(), &fixture.input);
     input.produce(3_000);
     let mut zero = fixture.spawn(&ns, 0, through_api);
     let mut one = fixture.spawn(&ns, 1, through_api);
-    await_all_counted(&env, &fixture.topics, &input).await;
+    await_all_counted(&env.kafka_config(), &fixture.topics, &input).await;
     for ordinal in [0, 1] {
         await_some(&format!("worker {ordinal}'s report"), WAIT, || async {
             (report(ordinal).await? >= 1).then_some(())
@@ -485,10 +491,10 @@ async fn a_shard_moved_through_the_api_stays_exact_and_its_old_owner_goes_quiet(
             .filter(|r| r.summary.shard == 1 && r.summary.epoch == 1)
             .count()
     };
-    let before = old_owner_sent(&summaries(&env, &fixture.topics));
+    let before = old_owner_sent(&summaries(&env.kafka_config(), &fixture.topics));
 
     input.produce(3_000);
-    let (records, last) = await_all_counted(&env, &fixture.topics, &input).await;
+    let (records, last) = await_all_counted(&env.kafka_config(), &fixture.topics, &input).await;
     zero.kill();
     one.kill();
     for shard in 0..SHARDS {
@@ -577,7 +583,7 @@ async fn approximate_state_stays_flat_under_a_flood_of_unique_keys() {
         "--checkpoint-interval",
         "100ms",
     ]);
-    let input = Input::new(&env, &fixture.input);
+    let input = Input::new(&env.kafka_config(), &fixture.input);
     let page = || common::get(&format!("{}/metrics", worker.base)).1;
     let checkpoints = |page: &str| metric(page, "topk_worker_checkpoint_duration_seconds_count");
     // The state gauge is refreshed by each checkpoint: read it after one that follows the
@@ -605,4 +611,46 @@ async fn approximate_state_stays_flat_under_a_flood_of_unique_keys() {
         large <= small * 1.25,
         "state grew from {small} to {large} bytes with 11x the unique keys"
     );
+}
+
+#[tokio::test]
+async fn a_broker_crash_mid_stream_loses_nothing() {
+    let Some(env) = TestEnv::get("worker across a broker restart") else {
+        return;
+    };
+    // A broker of this test's own: the shared one must not go down under other tests.
+    let mut kafka = PrivateKafka::start(&env);
+    let ns = "test";
+    let fixture = Fixture::on(&kafka.config(), &kafka.bootstrap(), ns).await;
+    let assignment = fixture.dir.path().join("assignment.json");
+    std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
+    let mut worker = fixture.spawn(ns, 0, |c: &mut Command| {
+        c.arg("--assignment-file").arg(&assignment);
+    });
+    let mut input = Input::new(&kafka.config(), &fixture.input);
+    input.produce(3_000);
+    await_all_counted(&kafka.config(), &fixture.topics, &input).await;
+
+    // The broker crashes mid-stream and comes back; events sent meanwhile wait in the
+    // producer, the worker keeps running.
+    kafka.kill();
+    let producer_side = std::thread::spawn(move || {
+        input.produce(3_000);
+        input
+    });
+    kafka.restart();
+    let input = producer_side.join().expect("producer");
+    let (_, last) = await_all_counted(&kafka.config(), &fixture.topics, &input).await;
+    for shard in 0..SHARDS {
+        assert_eq!(
+            counts(&last[&shard]),
+            input.shard_counts(shard),
+            "shard {shard} across the broker restart"
+        );
+    }
+    assert!(
+        worker.0.try_wait().expect("worker status").is_none(),
+        "the worker survived the broker restart"
+    );
+    worker.kill();
 }

@@ -5,6 +5,10 @@
 //! message and returns `None`, unless `TOPK_REQUIRE_TESTENV=1` (set by CI), where it panics:
 //! a CI run can never pass by skipping.
 
+mod kafka;
+
+pub use kafka::PrivateKafka;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -42,6 +46,8 @@ pub enum TestEnvError {
 pub struct TestEnv {
     pub env_file: PathBuf,
     pub kafka_bootstrap: String,
+    /// The Kafka jars, for tests that run a broker of their own (see [`PrivateKafka`]).
+    pub kafka_libs: PathBuf,
     pub kubeconfig: PathBuf,
     pub kube_version: String,
     pub helm: PathBuf,
@@ -109,6 +115,7 @@ impl TestEnv {
         Ok(TestEnv {
             env_file: path.to_owned(),
             kafka_bootstrap: get("TOPK_KAFKA_BOOTSTRAP")?,
+            kafka_libs: PathBuf::from(get("TOPK_KAFKA_LIBS")?),
             kubeconfig: PathBuf::from(get("TOPK_KUBECONFIG")?),
             kube_version: get("TOPK_KUBE_VERSION")?,
             helm: PathBuf::from(get("TOPK_HELM")?),
@@ -125,8 +132,19 @@ impl TestEnv {
     /// Creates topic `name` with `partitions` partitions and topic `config` (e.g.
     /// `cleanup.policy=compact`); panics on failure, as a test setup step.
     pub async fn create_topic(&self, name: &str, partitions: i32, config: &[(&str, &str)]) {
-        let admin: AdminClient<DefaultClientContext> =
-            self.kafka_config().create().expect("Kafka admin client");
+        create_topic(&self.kafka_config(), name, partitions, config).await;
+    }
+}
+
+/// Creates a topic through the broker `kafka` points at; panics on failure (a setup step).
+pub async fn create_topic(
+    kafka: &ClientConfig,
+    name: &str,
+    partitions: i32,
+    config: &[(&str, &str)],
+) {
+    {
+        let admin: AdminClient<DefaultClientContext> = kafka.create().expect("Kafka admin client");
         let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
         for (k, v) in config {
             topic = topic.set(k, v);
@@ -139,7 +157,9 @@ impl TestEnv {
             r.expect("topic created");
         }
     }
+}
 
+impl TestEnv {
     /// A kube client authenticated as the environment's admin.
     pub async fn kube_client(&self) -> Result<Client, TestEnvError> {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;

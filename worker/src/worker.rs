@@ -221,6 +221,8 @@ impl Sink {
 }
 
 const LAG_CHECK_EVERY: Duration = Duration::from_secs(10);
+/// How long a checkpoint waits for the broker to acknowledge earlier output.
+const FLUSH_WAIT: Duration = Duration::from_secs(10);
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -356,7 +358,6 @@ impl Worker {
         }
         if moved {
             self.checkpoint()?;
-            self.send_outboxes()?;
         }
         Ok(())
     }
@@ -370,10 +371,16 @@ impl Worker {
         Ok(())
     }
 
-    /// Waits for every output sent so far, then records each shard's state and next offset.
+    /// Waits for every output sent so far, then records each shard's state and next offset,
+    /// then sends the idle summaries that checkpoint holds. Postponed while the broker is away.
     pub fn checkpoint(&mut self) -> Result<(), Error> {
         let started = Instant::now();
-        self.sink.producer.flush(Duration::from_secs(30))?;
+        if let Err(err) = self.sink.producer.flush(FLUSH_WAIT) {
+            // The broker is away: keep counting and try again at the next interval. Records
+            // it never takes are counted by the delivery callback, which stops the worker.
+            tracing::warn!(%err, "output not acknowledged yet; checkpoint postponed");
+            return Ok(());
+        }
         // Any undelivered record stops the worker; its restart re-sends from the checkpoint.
         let failed = self.delivery.failed();
         if failed > 0 {
@@ -400,6 +407,8 @@ impl Worker {
         }
         metrics.state_bytes.set(state as i64);
         self.last_checkpoint = Instant::now();
+        // Idle summaries are in the checkpoint just written: they may go out now.
+        self.send_outboxes()?;
         if self.last_lag_check.elapsed() >= LAG_CHECK_EVERY {
             self.measure_lag();
         }
