@@ -396,8 +396,26 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     apply(client, &ns, desired.worker_pdb).await?;
     apply(client, &ns, desired.reducer_service).await?;
     apply(client, &ns, desired.reducer_pdb).await?;
-    apply(client, &ns, desired.worker).await?;
-    apply(client, &ns, desired.reducer).await?;
+    let config_hash = desired
+        .worker
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref()?.annotations.as_ref())
+        .and_then(|a| a.get(builders::CONFIG_HASH_ANNOTATION).cloned())
+        .unwrap_or_default();
+    for (component, sts) in [("worker", desired.worker), ("reducer", desired.reducer)] {
+        let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        if apply(client, &ns, sts).await? {
+            event(
+                ctx,
+                metric,
+                EventType::Normal,
+                "RolledOut",
+                format!("applied the {component} StatefulSet: {replicas} replicas, config hash {config_hash}"),
+            )
+            .await;
+        }
+    }
     if let Some(note) = moved_note {
         event(ctx, metric, EventType::Normal, "ShardsMoved", note).await;
     }

@@ -234,7 +234,7 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         (per_worker(&t).len() == 3).then_some(t)
     })
     .await;
-    for reason in ["InputTopicMissing", "ShardsMoved"] {
+    for reason in ["InputTopicMissing", "ShardsMoved", "RolledOut"] {
         await_some(reason, WAIT, || async {
             let events = events.list(&Default::default()).await.ok()?.items;
             events

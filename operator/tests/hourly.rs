@@ -279,6 +279,17 @@ async fn a_rescale_waiting_past_its_deadline_is_degraded_also_after_an_operator_
     };
     let ctx = Context::with_clock(client.clone(), settings.clone(), clock.clone());
     reconcile_once(&metrics, "plays", &ctx).await;
+    // The reducer's part of the status, under its own field manager: the operator's status
+    // writes below must leave it alone.
+    let reducer_part = serde_json::json!({"status": {"leader": "song-7", "watermarkLag": "3s"}});
+    metrics
+        .patch_status(
+            "plays",
+            &PatchParams::apply("topk-reducer"),
+            &Patch::Merge(&reducer_part),
+        )
+        .await
+        .expect("reducer status");
 
     // Scale up to 2 workers; the new worker never becomes ready.
     let scale = serde_json::json!({"spec": {"replicas": 2}});
@@ -333,6 +344,11 @@ async fn a_rescale_waiting_past_its_deadline_is_degraded_also_after_an_operator_
     reconcile_once(&metrics, "plays", &restarted).await;
     let s = status(&metrics, "plays").await;
     assert_eq!(s.rescale, None);
+    assert_eq!(
+        (s.leader.as_deref(), s.watermark_lag.as_deref()),
+        (Some("song-7"), Some("3s")),
+        "the operator's status writes keep the reducer's fields"
+    );
     let degraded = common::condition(&metrics, "plays", "Degraded")
         .await
         .expect("Degraded");

@@ -71,6 +71,8 @@ struct Owned {
     epoch: u64,
     next_offset: i64,
     last_event: Instant,
+    /// Set per message, folded into `last_event` at housekeeping (no clock read per event).
+    active: bool,
     /// Summaries made by an idle advance: checkpointed before they are sent (see
     /// [`Checkpoint::outbox`]).
     outbox: Vec<Vec<u8>>,
@@ -111,6 +113,7 @@ impl Sink {
     fn handle(
         &self,
         msg: &BorrowedMessage<'_>,
+        now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
         summaries: &mut Vec<ShardSummary>,
     ) -> Result<(), Error> {
@@ -123,14 +126,14 @@ impl Sink {
             return Ok(()); // already counted (re-delivered after a seek)
         }
         owned.next_offset = offset + 1;
-        owned.last_event = Instant::now();
+        owned.active = true;
         let metrics = &self.health.metrics;
         metrics.events_in.inc();
         let payload = msg.payload().unwrap_or_default();
         let outcome = match std::str::from_utf8(payload) {
             Err(_) => Err(RejectReason::InvalidJson),
             Ok(text) => parse_event(text, self.settings.engine.max_key_bytes)
-                .and_then(|event| owned.stream.ingest(&event, now_ms(), summaries)),
+                .and_then(|event| owned.stream.ingest(&event, now_ms, summaries)),
         };
         if let Err(reason) = outcome {
             metrics.rejected(reason);
@@ -221,6 +224,8 @@ impl Sink {
 }
 
 const LAG_CHECK_EVERY: Duration = Duration::from_secs(10);
+/// Messages handled between looks at the clock-driven work (at most about a millisecond).
+const HOUSEKEEPING_EVERY: u32 = 1024;
 /// How long a checkpoint waits for the broker to acknowledge earlier output.
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
 
@@ -284,22 +289,46 @@ impl Worker {
 
     /// Runs until `stop` is set, then checkpoints every shard and returns.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<(), Error> {
+        // A table already in the channel counts as seen by it: apply it first.
+        let initial = self.tables.borrow_and_update().clone();
+        if let Some(table) = initial {
+            self.apply(&table)?;
+        }
+        // Timers and the table are looked at between batches of messages, not per message.
+        let mut since_housekeeping = 0u32;
+        // Wall clock for the future-skew check, read once per batch (about a millisecond).
+        let mut clock_ms = now_ms();
         while !stop.load(Ordering::SeqCst) {
-            if self.tables.has_changed().unwrap_or(false) {
-                let table = self.tables.borrow_and_update().clone();
-                if let Some(table) = table {
-                    self.apply(&table)?;
-                }
-            }
+            let mut idle = true;
             if self.owned.is_empty() {
                 // Nothing to consume: wait for a table instead of spinning.
                 std::thread::park_timeout(Duration::from_millis(50));
             } else if let Some(result) = self.consumer.poll(Duration::from_millis(100)) {
+                idle = false;
                 match result {
-                    Ok(msg) => self
-                        .sink
-                        .handle(&msg, &mut self.owned, &mut self.summaries)?,
+                    Ok(msg) => {
+                        self.sink
+                            .handle(&msg, clock_ms, &mut self.owned, &mut self.summaries)?
+                    }
                     Err(err) => tracing::warn!(%err, "consumer error"),
+                }
+            }
+            since_housekeeping += 1;
+            if !idle && since_housekeeping < HOUSEKEEPING_EVERY {
+                continue;
+            }
+            since_housekeeping = 0;
+            clock_ms = now_ms();
+            let now = Instant::now();
+            for owned in self.owned.values_mut() {
+                if std::mem::take(&mut owned.active) {
+                    owned.last_event = now;
+                }
+            }
+            if self.tables.has_changed().unwrap_or(false) {
+                let table = self.tables.borrow_and_update().clone();
+                if let Some(table) = table {
+                    self.apply(&table)?;
                 }
             }
             self.advance_idle_shards()?;
@@ -603,6 +632,7 @@ impl Worker {
             epoch,
             next_offset,
             last_event: Instant::now(),
+            active: false,
             outbox,
         })
     }
