@@ -30,6 +30,7 @@ pub struct WorkerMetrics {
     pub state_bytes: Gauge,
     pub owned_shards: Gauge,
     pub snapshots_published: Counter,
+    pub kafka_errors: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -46,6 +47,7 @@ impl Default for WorkerMetrics {
             state_bytes: Gauge::default(),
             owned_shards: Gauge::default(),
             snapshots_published: Counter::default(),
+            kafka_errors: Counter::default(),
             registry: Registry::default(),
         };
         for reason in RejectReason::ALL {
@@ -99,6 +101,11 @@ impl Default for WorkerMetrics {
             "snapshots_published",
             "Shard snapshots sent to the handoff topic",
             m.snapshots_published.clone(),
+        );
+        registry.register(
+            "kafka_errors",
+            "Errors reported by the consumer (e.g. the broker unreachable)",
+            m.kafka_errors.clone(),
         );
         Self { registry, ..m }
     }

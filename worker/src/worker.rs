@@ -310,7 +310,10 @@ impl Worker {
                         self.sink
                             .handle(&msg, clock_ms, &mut self.owned, &mut self.summaries)?
                     }
-                    Err(err) => tracing::warn!(%err, "consumer error"),
+                    Err(err) => {
+                        self.sink.health.metrics.kafka_errors.inc();
+                        tracing::warn!(%err, "consumer error");
+                    }
                 }
             }
             since_housekeeping += 1;
