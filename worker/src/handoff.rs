@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -91,13 +90,13 @@ pub fn publish(
     Ok(())
 }
 
-/// The newest complete snapshot of `shard`, if any.
+/// The newest complete snapshot of `shard`, if any, read with `consumer` (a reader the
+/// worker keeps for this; each call reassigns it).
 pub fn fetch_latest(
-    kafka: &ClientConfig,
+    consumer: &BaseConsumer,
     topic: &str,
     shard: u32,
 ) -> Result<Option<Handoff>, Error> {
-    let consumer: BaseConsumer = kafka.create()?;
     let partition = shard as i32;
     let (low, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;
     if high <= low {

@@ -94,7 +94,8 @@ struct Sink {
 
 pub struct Worker {
     sink: Sink,
-    kafka: ClientConfig,
+    /// Reads shard snapshots from the handoff topic.
+    snapshot_reader: BaseConsumer,
     consumer: BaseConsumer,
     delivery: DeliveryCounter,
     store: CheckpointStore,
@@ -261,18 +262,19 @@ impl Worker {
             .create_with_context(delivery.clone())?;
         std::fs::create_dir_all(&settings.state_dir)?;
         let store = CheckpointStore::open(&settings.state_dir.join("checkpoints"))?;
-        let mut snapshot_reader = kafka.clone();
-        snapshot_reader
+        let snapshot_reader: BaseConsumer = kafka
+            .clone()
             .set("group.id", format!("topk-{}-handoff", settings.name))
             .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            .create()?;
         Ok(Self {
             sink: Sink {
                 settings,
                 producer,
                 health,
             },
-            kafka: snapshot_reader,
+            snapshot_reader,
             consumer,
             delivery,
             store,
@@ -531,7 +533,8 @@ impl Worker {
             .filter(|(shard, _)| !self.owned.contains_key(shard))
             .map(|(s, e)| (*s, *e))
             .collect();
-        if !gained.is_empty() {
+        let acquiring = !gained.is_empty();
+        if acquiring {
             self.sink.health.ready.store(false, Ordering::SeqCst);
         }
         for (shard, epoch) in gained {
@@ -555,7 +558,9 @@ impl Worker {
             .metrics
             .owned_shards
             .set(self.owned.len() as i64);
-        if !released.is_empty() || self.table_version.is_none() {
+        // Released shards were checkpointed above; gained ones get their restored state
+        // (and offset) stored locally before counting on.
+        if acquiring || self.table_version.is_none() {
             self.checkpoint()?;
         }
         self.table_version = Some(table.version);
@@ -579,10 +584,11 @@ impl Worker {
         let topic = &self.sink.settings.topics.snapshots;
         let deadline = Instant::now() + self.sink.settings.handoff_wait;
         let remote = loop {
-            let found = handoff::fetch_latest(&self.kafka, topic, shard).unwrap_or_else(|err| {
-                tracing::warn!(shard, %err, "cannot read the handoff topic");
-                None
-            });
+            let found =
+                handoff::fetch_latest(&self.snapshot_reader, topic, shard).unwrap_or_else(|err| {
+                    tracing::warn!(shard, %err, "cannot read the handoff topic");
+                    None
+                });
             let previous_released = found
                 .as_ref()
                 .is_some_and(|h| h.released && h.checkpoint.epoch + 1 >= epoch);
