@@ -12,6 +12,12 @@ mod worker;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+// mimalloc for Rust and, through its `override` feature, for librdkafka and RocksDB: the
+// worker frees each consumed Kafka message on its counting thread, and glibc's arena lock
+// made that thread wait for the fetch thread (measured in `worker/benches/throughput.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "topk",

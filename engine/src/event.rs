@@ -83,24 +83,31 @@ struct RawEvent<'a> {
     #[serde(borrow, default)]
     event_time: Option<Scalar<'a>>,
     #[serde(borrow, default)]
-    metric: Option<Cow<'a, str>>,
+    metric: Option<Text<'a>>,
     #[serde(borrow, default)]
-    scope: Option<Cow<'a, str>>,
+    scope: Option<Text<'a>>,
     #[serde(borrow, default)]
-    key: Option<Cow<'a, str>>,
+    key: Option<Text<'a>>,
     #[serde(borrow, default)]
     cost: Option<Scalar<'a>>,
 }
 
 /// Parses one event. `max_key_bytes` bounds the key's UTF-8 length.
 pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
-    let raw: RawEvent<'_> = serde_json::from_str(line).map_err(|_| RejectReason::InvalidJson)?;
+    parse_event_bytes(line.as_bytes(), max_key_bytes)
+}
+
+/// Parses one event from raw bytes, such as a Kafka payload. Only the strings are checked for
+/// UTF-8 (as they are parsed), which saves a pass over the whole payload; invalid UTF-8 is
+/// `invalid_json` either way.
+pub fn parse_event_bytes(input: &[u8], max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
+    let raw: RawEvent<'_> = serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)?;
     let metric = match raw.metric {
-        Some(m) if !m.is_empty() => m,
+        Some(Text(m)) if !m.is_empty() => m,
         _ => return Err(RejectReason::MissingMetric),
     };
     let key = match raw.key {
-        Some(k) if !k.is_empty() => k,
+        Some(Text(k)) if !k.is_empty() => k,
         _ => return Err(RejectReason::MissingKey),
     };
     if key.len() > max_key_bytes {
@@ -119,7 +126,7 @@ pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, Reject
         event_id: raw.event_id.and_then(Scalar::into_id),
         time_ms,
         metric,
-        scope: raw.scope.unwrap_or(Cow::Borrowed("")),
+        scope: raw.scope.map_or(Cow::Borrowed(""), |Text(s)| s),
         key,
         cost,
     })
@@ -137,6 +144,30 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
     match OffsetDateTime::from_unix_timestamp_nanos(nanos) {
         Ok(t) => t.format(&Rfc3339).unwrap_or_else(|_| ms.to_string()),
         Err(_) => ms.to_string(),
+    }
+}
+
+/// A JSON string that borrows from the input unless it holds escapes. serde's own
+/// `Option<Cow<str>>` always copies (its `borrow` attribute does not reach through `Option`),
+/// which cost an allocation per field on the hot path.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -311,5 +342,33 @@ mod tests {
     fn escaped_keys_are_unescaped() {
         let e = parse(r#"{"event_time":1,"metric":"m","key":"a\"b"}"#).unwrap();
         assert_eq!(e.key, "a\"b");
+        assert!(matches!(e.key, Cow::Owned(_)));
+    }
+
+    #[test]
+    fn plain_strings_borrow_from_the_input() {
+        let e =
+            parse(r#"{"event_time":1,"metric":"m","scope":"s","key":"k","event_id":"i"}"#).unwrap();
+        for field in [&e.metric, &e.scope, &e.key, e.event_id.as_ref().unwrap()] {
+            assert!(matches!(field, Cow::Borrowed(_)), "{field} was copied");
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_is_invalid_json() {
+        let mut bytes = br#"{"event_time":1,"metric":"m","key":"k"#.to_vec();
+        bytes.extend_from_slice(&[0xff, b'"', b'}']);
+        assert_eq!(
+            parse_event_bytes(&bytes, 16),
+            Err(RejectReason::InvalidJson)
+        );
+    }
+
+    #[test]
+    fn a_non_string_key_is_invalid_json() {
+        assert_eq!(
+            parse(r#"{"event_time":1,"metric":"m","key":7}"#),
+            Err(RejectReason::InvalidJson)
+        );
     }
 }

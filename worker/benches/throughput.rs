@@ -18,6 +18,10 @@ use topk_engine::partition::message_key;
 use topk_testenv::{TestEnv, unique_name};
 use topk_worker::{Health, Worker};
 
+// The same allocator as the `topk` binary, so that the numbers are the deployed worker's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SHARDS: u32 = 4;
 const KEYS: u64 = 10_000;
 
@@ -87,8 +91,7 @@ fn main() {
 
     let bare = bare_consumer(&env, &input, events);
     eprintln!("bare consumer: {bare:?}");
-    let (worker_secs, checkpoint, state_bytes, checkpoint_bytes) =
-        worker(&env, &name, &input, events);
+    let run = worker(&env, &name, &input, events);
     let per_sec = |secs: f64| events as f64 / secs;
     println!();
     println!("| reader | events/s | ratio |");
@@ -99,15 +102,23 @@ fn main() {
     );
     println!(
         "| topk worker (consume, parse, count, checkpoint) | {:.0} | {:.2} |",
-        per_sec(worker_secs),
-        bare.as_secs_f64() / worker_secs
+        per_sec(run.secs),
+        bare.as_secs_f64() / run.secs
     );
     println!();
+    if let Some(times) = run.thread {
+        println!(
+            "worker thread: {:.2} s on a CPU ({:.0} events per CPU-second), {:.0} ms runnable but waiting",
+            times.on_cpu.as_secs_f64(),
+            per_sec(times.on_cpu.as_secs_f64()),
+            times.runnable_waiting.as_secs_f64() * 1000.0
+        );
+    }
     println!(
         "state {:.1} MiB in memory, checkpoint {:.1} MiB written in {:.0} ms",
-        state_bytes as f64 / 1_048_576.0,
-        checkpoint_bytes as f64 / 1_048_576.0,
-        checkpoint.as_secs_f64() * 1000.0
+        run.state_bytes as f64 / 1_048_576.0,
+        run.checkpoint_bytes as f64 / 1_048_576.0,
+        run.checkpoint.as_secs_f64() * 1000.0
     );
 }
 
@@ -138,9 +149,20 @@ fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> Duration {
     started.elapsed()
 }
 
-/// Runs a worker owning every shard until it has read `events`; returns the seconds that
-/// took, one more checkpoint's duration, the state size and the checkpoint size.
-fn worker(env: &TestEnv, name: &str, topic: &str, events: u64) -> (f64, Duration, i64, i64) {
+/// What one worker run measured.
+struct WorkerRun {
+    /// From the first event read to the last.
+    secs: f64,
+    /// One more checkpoint after the stream.
+    checkpoint: Duration,
+    state_bytes: i64,
+    checkpoint_bytes: i64,
+    /// The counting thread's own CPU time (Linux only).
+    thread: Option<ThreadTimes>,
+}
+
+/// Runs a worker owning every shard until it has read `events`.
+fn worker(env: &TestEnv, name: &str, topic: &str, events: u64) -> WorkerRun {
     let manifest = format!(
         r#"
 apiVersion: topk.io/v1alpha1
@@ -179,10 +201,14 @@ spec:
     let stop = Arc::new(AtomicBool::new(false));
     let stopper = stop.clone();
     let started = Instant::now();
-    let thread = std::thread::spawn(move || {
-        worker.run(&stopper).expect("worker run");
-        worker
-    });
+    // Named so that a profiler can tell the worker from the producer and the waiting loop.
+    let thread = std::thread::Builder::new()
+        .name("topk-worker".into())
+        .spawn(move || {
+            worker.run(&stopper).expect("worker run");
+            (worker, ThreadTimes::read())
+        })
+        .expect("worker thread");
     // Restoring shards (reading the handoff topic) is startup, not throughput: time from the
     // first event read.
     while health.metrics.events_in.get() == 0 {
@@ -195,14 +221,33 @@ spec:
     }
     let secs = counting.elapsed().as_secs_f64();
     stop.store(true, Ordering::SeqCst);
-    let mut worker = thread.join().expect("worker thread");
+    let (mut worker, times) = thread.join().expect("worker thread");
     let checkpoint_started = Instant::now();
     worker.checkpoint().expect("checkpoint");
     let checkpoint = checkpoint_started.elapsed();
-    (
+    WorkerRun {
         secs,
         checkpoint,
-        health.metrics.state_bytes.get(),
-        health.metrics.checkpoint_bytes.get(),
-    )
+        state_bytes: health.metrics.state_bytes.get(),
+        checkpoint_bytes: health.metrics.checkpoint_bytes.get(),
+        thread: times,
+    }
+}
+
+/// The calling thread's time on a CPU and waiting for one, from `/proc/thread-self/schedstat`.
+#[derive(Debug)]
+struct ThreadTimes {
+    on_cpu: Duration,
+    runnable_waiting: Duration,
+}
+
+impl ThreadTimes {
+    fn read() -> Option<ThreadTimes> {
+        let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        Some(ThreadTimes {
+            on_cpu: Duration::from_nanos(fields.next()??),
+            runnable_waiting: Duration::from_nanos(fields.next()??),
+        })
+    }
 }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::AssignmentTable;
 use topk_api::topics::TopicNames;
-use topk_engine::event::{RejectReason, parse_event};
+use topk_engine::event::{RejectReason, parse_event_bytes};
 use topk_engine::stream::ShardStream;
 use topk_engine::{EngineConfig, ShardSummary};
 
@@ -131,11 +131,8 @@ impl Sink {
         let metrics = &self.health.metrics;
         metrics.events_in.inc();
         let payload = msg.payload().unwrap_or_default();
-        let outcome = match std::str::from_utf8(payload) {
-            Err(_) => Err(RejectReason::InvalidJson),
-            Ok(text) => parse_event(text, self.settings.engine.max_key_bytes)
-                .and_then(|event| owned.stream.ingest(&event, now_ms, summaries)),
-        };
+        let outcome = parse_event_bytes(payload, self.settings.engine.max_key_bytes)
+            .and_then(|event| owned.stream.ingest(&event, now_ms, summaries));
         if let Err(reason) = outcome {
             metrics.rejected(reason);
             self.dead_letter(payload, reason, shard, offset)?;
@@ -253,6 +250,9 @@ impl Worker {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
+            // With a full local queue librdkafka pauses fetching for this long (1 s by
+            // default); a worker that drains its queue faster than that sat idle in `poll`.
+            .set("fetch.queue.backoff.ms", "10")
             .create()?;
         let delivery = DeliveryCounter::default();
         let producer: ThreadedProducer<DeliveryCounter> = kafka
