@@ -1,9 +1,9 @@
 //! The JSON served by the query API and printed by `topk run --output json`.
 
 use serde::{Deserialize, Serialize};
-use topk_engine::RankedItem;
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::pipeline::Published;
+use topk_engine::{RankedItem, Ranking, ShardSummary};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -11,7 +11,7 @@ pub struct RankingRecord {
     pub metric: String,
     pub scope: String,
     pub window: String,
-    /// RFC 3339; absent for all-time lists.
+    /// RFC 3339; absent for all-time lists (which count everything before `windowEnd`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_start: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -26,6 +26,27 @@ pub struct RankingRecord {
     pub as_of: String,
     /// Increases by one with every list published for this (scope, window).
     pub version: u64,
+    /// Event time up to which the counts are exact: the window end in exact mode; in
+    /// approximate mode the end of the last contiguous recounted hour, absent before one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_until: Option<String>,
+    /// True while a newer window end is overdue (a shard has not reported it): this list is
+    /// the last complete one and is still served.
+    #[serde(default)]
+    pub stale: bool,
+    /// Per shard, the input offset the list reflects (reducer lists only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_range: Vec<ShardOffset>,
+}
+
+/// Where one shard's input stood for a published list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardOffset {
+    pub shard: u32,
+    pub epoch: u64,
+    /// First offset of the shard's partition not counted in the list.
+    pub offset: i64,
 }
 
 impl RankingRecord {
@@ -43,6 +64,9 @@ impl RankingRecord {
             watermark: format_rfc3339_ms(r.watermark_ms),
             as_of: format_rfc3339_ms(p.as_of_ms),
             version: p.version,
+            exact_until: exact_until(r),
+            stale: false,
+            input_range: Vec::new(),
         }
     }
 
@@ -52,6 +76,15 @@ impl RankingRecord {
         out.items.truncate(k);
         out
     }
+}
+
+/// `exactUntil` of a streaming list: exact mode counts every accepted event, so the whole
+/// window is exact; approximate lists become exact only through the hourly recount.
+pub fn exact_until(r: &Ranking) -> Option<String> {
+    (r.mode == "exact")
+        .then_some(r.window_end_ms)
+        .flatten()
+        .map(format_rfc3339_ms)
 }
 
 /// One line of `GET /v1/rankings`.
@@ -66,4 +99,17 @@ pub struct RankingIndexEntry {
     pub window_end: Option<String>,
     pub as_of: String,
     pub items: usize,
+}
+
+/// A shard summary as workers send it to the reducer (summaries topic, keyed by metric name):
+/// the summary plus where in the input it stands and under which config it was counted.
+/// `(shard, epoch, seq)` identifies it; a re-send after a crash is the same record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SummaryRecord {
+    #[serde(flatten)]
+    pub summary: ShardSummary,
+    /// First input offset of the shard's partition not reflected in the summary.
+    pub input_offset: i64,
+    pub config_version: String,
 }

@@ -11,7 +11,7 @@ use crate::error::EngineError;
 use crate::event::{Event, RejectReason, parse_event};
 use crate::partition::shard_for;
 use crate::shard::ShardCounter;
-use crate::summary::{Ranking, merge};
+use crate::summary::{Ranking, merge_known};
 use crate::window::{boundary_after, closed_boundary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,29 +212,8 @@ impl Pipeline {
             })
             .collect();
         let refs: Vec<_> = summaries.iter().collect();
-        let mut rankings = merge(&refs, self.cfg.k);
-        let Some(template) = summaries.first() else {
-            return;
-        };
-        // A scope whose keys all left the window gets an empty list instead of a stale one.
-        for scope in &self.known_scopes[w] {
-            if !rankings.iter().any(|r| &r.scope == scope) {
-                rankings.push(Ranking {
-                    metric: self.cfg.metric.clone(),
-                    scope: scope.clone(),
-                    window: template.window.clone(),
-                    window_start_ms: template.window_start_ms,
-                    window_end_ms: template.window_end_ms,
-                    items: Vec::new(),
-                    mode: template.mode.clone(),
-                    max_overcount: summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0),
-                    watermark_ms: watermark,
-                });
-            }
-        }
-        rankings.sort_by(|a, b| a.scope.cmp(&b.scope));
+        let rankings = merge_known(&refs, self.cfg.k, &|_| false, &mut self.known_scopes[w]);
         for ranking in rankings {
-            self.known_scopes[w].insert(ranking.scope.clone());
             let version = self
                 .versions
                 .entry((ranking.scope.clone(), ranking.window.clone()))

@@ -173,9 +173,10 @@ impl ShardCounter {
                 (w.closed_through(), w.total(), w.error_bound(), scopes)
             }
         };
-        let window_end_ms = match (cfg.length_ms, closed_through) {
-            (None, _) | (_, i64::MIN) => None,
-            (Some(_), idx) => Some(idx.saturating_mul(cfg.bucket_ms)),
+        // All-time windows end too: at the boundary their closed buckets reach.
+        let window_end_ms = match closed_through {
+            i64::MIN => None,
+            idx => Some(idx.saturating_mul(cfg.bucket_ms)),
         };
         let window_start_ms = window_end_ms.zip(cfg.length_ms).map(|(end, len)| end - len);
         ShardSummary {

@@ -17,6 +17,9 @@ use crate::snapshot::ShardSnapshot;
 use crate::summary::ShardSummary;
 use crate::window::closed_boundary;
 
+/// Most summaries one window publishes when the watermark jumps over many boundaries at once.
+pub const MAX_CATCH_UP: i64 = 360;
+
 pub struct ShardStream {
     cfg: EngineConfig,
     counter: ShardCounter,
@@ -161,10 +164,25 @@ impl ShardStream {
         let mut next = i64::MAX;
         for (w, cfg) in self.cfg.windows.iter().enumerate() {
             let boundary = closed_boundary(watermark, cfg.bucket_ms);
-            if self.published_end[w].is_none_or(|end| boundary > end) {
-                self.counter.advance_window(w, watermark);
-                out.push(self.counter.summary(w, watermark));
-                self.published_end[w] = Some(boundary);
+            // Every boundary passed gets its summary, so that the reducer finds each window
+            // end from every shard even when this shard's watermark jumps (sparse input, an
+            // idle advance). A jump longer than MAX_CATCH_UP buckets only sends the newest.
+            let first = match self.published_end[w] {
+                None => boundary,
+                Some(end) if boundary > end => end
+                    .saturating_add(cfg.bucket_ms)
+                    .max(boundary.saturating_sub((MAX_CATCH_UP - 1).saturating_mul(cfg.bucket_ms))),
+                Some(_) => i64::MAX,
+            };
+            let mut end = first;
+            while end <= boundary {
+                self.counter.advance_window(w, end);
+                out.push(
+                    self.counter
+                        .summary(w, if end == boundary { watermark } else { end }),
+                );
+                self.published_end[w] = Some(end);
+                end = end.saturating_add(cfg.bucket_ms);
             }
             next = next.min(boundary.saturating_add(cfg.bucket_ms));
         }

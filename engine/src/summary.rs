@@ -6,7 +6,7 @@
 //! owner, the union of every shard's exact top k contains the global exact top k.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +31,8 @@ pub struct ShardSummary {
     /// Per-shard sequence number, increasing with every summary it publishes.
     pub seq: u64,
     pub window: String,
-    /// `[start, end)` in Unix ms; both `None` for an all-time window.
+    /// `[start, end)` in Unix ms. An all-time window has no start; its end is the boundary its
+    /// closed buckets reach. `None` before any bucket closed.
     pub window_start_ms: Option<i64>,
     pub window_end_ms: Option<i64>,
     pub watermark_ms: i64,
@@ -87,14 +88,30 @@ pub fn top_k<T>(mut items: Vec<T>, k: usize, cmp: impl Fn(&T, &T) -> Ordering) -
 /// Merges summaries of the same window (from different shards) into one ranking per scope,
 /// ordered by scope. Callers decide which summaries are eligible (epochs, completeness).
 pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
+    merge_known(summaries, k, &|_| false, &mut BTreeSet::new())
+}
+
+/// [`merge`] for a publisher that keeps lists alive: keys for which `denied` holds are left
+/// out before the top `k` is taken (their counts are untouched), and every scope in `known`
+/// gets a list, empty when none of its keys is in the window any more, instead of keeping a
+/// stale one. Scopes seen for the first time are added to `known`.
+pub fn merge_known(
+    summaries: &[&ShardSummary],
+    k: usize,
+    denied: &dyn Fn(&str) -> bool,
+    known: &mut BTreeSet<String>,
+) -> Vec<Ranking> {
     let Some(first) = summaries.first() else {
         return Vec::new();
     };
-    let mut per_scope: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
+    let mut per_scope: BTreeMap<&str, BTreeMap<&str, u64>> = known
+        .iter()
+        .map(|scope| (scope.as_str(), BTreeMap::new()))
+        .collect();
     for summary in summaries {
         for scope in &summary.scopes {
             let counts = per_scope.entry(&scope.scope).or_default();
-            for item in &scope.items {
+            for item in scope.items.iter().filter(|i| !denied(&i.key)) {
                 *counts.entry(&item.key).or_insert(0) += item.count;
             }
         }
@@ -105,7 +122,7 @@ pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
         .min()
         .unwrap_or(i64::MIN);
     let max_overcount = summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0);
-    per_scope
+    let rankings: Vec<Ranking> = per_scope
         .into_iter()
         .map(|(scope, counts)| {
             let top = top_k(counts.into_iter().collect(), k, |a, b| {
@@ -131,7 +148,9 @@ pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
                 watermark_ms,
             }
         })
-        .collect()
+        .collect();
+    known.extend(rankings.iter().map(|r| r.scope.clone()));
+    rankings
 }
 
 #[cfg(test)]
@@ -189,5 +208,21 @@ mod tests {
         assert_eq!(keys, vec![(1, "y", 9), (2, "x", 5), (3, "a", 3)]);
         assert_eq!((global.watermark_ms, global.max_overcount), (50, 7));
         assert_eq!(merged[1].scope, "eu");
+    }
+
+    #[test]
+    fn merge_known_drops_denied_keys_and_keeps_known_scopes() {
+        let a = summary(0, &[("", "x", 5), ("", "b", 3)], 100, 0);
+        let b = summary(1, &[("", "a", 4)], 100, 0);
+        let mut known = BTreeSet::from(["gone".to_owned()]);
+        let merged = merge_known(&[&a, &b], 2, &|key| key == "x", &mut known);
+        let keys: Vec<_> = merged
+            .iter()
+            .map(|r| (r.scope.as_str(), r.items.len()))
+            .collect();
+        assert_eq!(keys, vec![("", 2), ("gone", 0)]);
+        assert_eq!(merged[0].items[0].key, "a");
+        assert_eq!(merged[0].items[1].key, "b");
+        assert!(known.contains(""));
     }
 }

@@ -23,7 +23,8 @@ use topk_api::TopKMetricSpec;
 use topk_api::topics::TopicNames;
 
 pub use error::Error;
-pub use worker::{Health, SummaryRecord, Worker, WorkerSettings};
+pub use topk_api::record::SummaryRecord;
+pub use worker::{Health, Worker, WorkerSettings};
 
 /// The rendered pipeline config the operator mounts (`metric.json`).
 #[derive(Deserialize)]

@@ -19,9 +19,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::AssignmentTable;
+use topk_api::record::SummaryRecord;
 use topk_api::topics::TopicNames;
 use topk_engine::event::{RejectReason, parse_event_bytes};
 use topk_engine::stream::ShardStream;
@@ -53,17 +53,6 @@ pub struct WorkerSettings {
     pub idle_timeout: Duration,
     /// How long a worker gaining a moved shard waits for its previous owner's release snapshot.
     pub handoff_wait: Duration,
-}
-
-/// A summary as sent to the reducer: the shard summary plus where in the input it stands.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SummaryRecord {
-    #[serde(flatten)]
-    pub summary: ShardSummary,
-    /// First input offset of the shard's partition not reflected in the summary.
-    pub input_offset: i64,
-    pub config_version: String,
 }
 
 struct Owned {
