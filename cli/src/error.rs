@@ -24,4 +24,6 @@ pub enum CliError {
     Usage(String),
     #[error("worker: {0}")]
     Worker(#[from] topk_worker::Error),
+    #[error("reducer: {0}")]
+    Reducer(#[from] topk_reducer::Error),
 }

@@ -1,9 +1,11 @@
 //! `topk`: the Top-K engine in one process.
 
+mod dataplane;
 mod demo;
 mod error;
 mod ingest;
 mod metrics;
+mod reducer;
 mod run;
 mod server;
 mod store;
@@ -37,6 +39,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Count the shards assigned to this worker on Kafka (what the worker pods run).
     Worker(worker::WorkerArgs),
+    /// Merge the workers' summaries into versioned rankings and serve them (the reducer pods).
+    Reducer(reducer::ReducerArgs),
     /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
     Crd,
 }
@@ -60,6 +64,7 @@ async fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Worker(args) => worker::worker(args).await,
+        Command::Reducer(args) => reducer::reducer(args).await,
         Command::Crd => topk_api::crd::crd_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(error::CliError::from),

@@ -168,7 +168,8 @@ pub async fn run(
     counting.await.map_err(|e| Error::Config(e.to_string()))?
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

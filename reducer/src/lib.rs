@@ -1,0 +1,228 @@
+//! The reducer: merges the workers' shard summaries under epoch fencing into immutable,
+//! versioned rankings (RocksDB), serves them over HTTP and summarises them in the
+//! `TopKMetric` status. `topk reducer` runs it.
+
+pub mod error;
+pub mod metrics;
+pub mod reducer;
+pub mod serve;
+pub mod state;
+pub mod status;
+pub mod store;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tokio::sync::watch;
+use topk_api::TopKMetricSpec;
+use topk_api::topics::TopicNames;
+use topk_worker::ControlPlane;
+
+pub use error::Error;
+pub use reducer::{Reducer, ReducerSettings, Shared};
+pub use serve::{Served, query_router};
+pub use state::{ReducerConfig, ReducerState};
+
+/// Resolves what a reducer of this metric merges and where.
+pub fn settings(
+    name: &str,
+    spec: &TopKMetricSpec,
+    namespace: &str,
+    config_version: String,
+) -> Result<ReducerSettings, Error> {
+    let engine = spec
+        .engine_config()
+        .map_err(|e| Error::Config(e.to_string()))?;
+    Ok(ReducerSettings {
+        name: name.to_owned(),
+        merge: ReducerConfig {
+            metric: engine.metric.clone(),
+            config_version,
+            shards: engine.shards,
+            k: engine.k,
+            windows: engine.windows.iter().map(|w| w.name.clone()).collect(),
+        },
+        bucket_ms: engine.windows.iter().map(|w| w.bucket_ms).collect(),
+        deny_keys: spec.deny_keys.clone(),
+        bootstrap: spec.source.kafka.bootstrap_servers.clone(),
+        topics: TopicNames::of(namespace, name),
+        state_dir: PathBuf::from("/var/lib/topk"),
+        stale_after: Duration::from_secs(120),
+        keep_versions: 100,
+        keep_for: Duration::from_secs(24 * 3600),
+    })
+}
+
+/// The query API plus `/metrics`, `/healthz`, `/readyz` and `POST /admin/rollback`.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/admin/rollback", post(rollback))
+        .with_state(shared.clone())
+        .merge(query_router(shared.served.clone()))
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        shared.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "opening the ranking store\n",
+        )
+            .into_response()
+    }
+}
+
+/// `POST /admin/rollback?window=W&scope=S&version=V`: points the list back at a stored
+/// version. The next publication of that list moves the pointer on again.
+async fn rollback(
+    State(shared): State<Arc<Shared>>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let bad = |message: String| {
+        (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": message})),
+        )
+            .into_response()
+    };
+    let Some(window) = params.get("window") else {
+        return bad("window is required".into());
+    };
+    if !shared.served.windows().contains(window) {
+        return bad(format!(
+            "unknown window {window:?}; choose one of {:?}",
+            shared.served.windows()
+        ));
+    }
+    let scope = params.get("scope").map_or("", String::as_str);
+    let Some(Ok(version)) = params.get("version").map(|v| v.parse::<u64>()) else {
+        return bad("version must be a positive integer".into());
+    };
+    match shared.store.rollback(window, scope, version) {
+        Ok(record) => {
+            tracing::warn!(window, scope, version, "list pointer rolled back");
+            shared.served.put([record.clone()]);
+            axum::Json(record).into_response()
+        }
+        Err(err @ Error::NoSuchVersion { .. }) => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": err.to_string()})),
+        )
+            .into_response(),
+        Err(err) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": err.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+/// Where the status summary goes: a TopKMetric through the API (only one reducer replica
+/// writes it), or nowhere outside a cluster.
+pub struct StatusTarget {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub name: String,
+    pub every: Duration,
+}
+
+/// Writes the status summary whenever it changed, at most every `target.every`.
+pub async fn write_status_loop(shared: Arc<Shared>, target: StatusTarget) {
+    let mut last = None;
+    loop {
+        tokio::time::sleep(target.every).await;
+        let lists = shared.served.all();
+        let records: Vec<_> = lists.iter().map(|e| &e.record).collect();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let Some(fields) = status::status_fields(&records, now) else {
+            continue;
+        };
+        if last.as_ref() == Some(&fields) {
+            continue;
+        }
+        match status::write(
+            &target.client,
+            &target.namespace,
+            &target.name,
+            fields.clone(),
+        )
+        .await
+        {
+            Ok(()) => {
+                shared.metrics.status_writes.inc();
+                last = Some(fields);
+            }
+            Err(err) => tracing::warn!(%err, "cannot write the ranking status; retrying"),
+        }
+    }
+}
+
+/// Runs a reducer until SIGTERM/SIGINT.
+pub async fn run(
+    settings: ReducerSettings,
+    control: ControlPlane,
+    status: Option<StatusTarget>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), Error> {
+    let shared = reducer::open_shared(&settings)?;
+    let (table_tx, table_rx) = watch::channel(None);
+    match control {
+        ControlPlane::Files { assignment, .. } => {
+            tokio::spawn(topk_worker::control::watch_file(assignment, table_tx));
+        }
+        ControlPlane::Kubernetes { client, namespace } => {
+            tokio::spawn(topk_worker::control::watch_configmap(
+                client,
+                namespace,
+                format!("{}-assignment", settings.name),
+                table_tx,
+            ));
+        }
+    }
+    if let Some(target) = status {
+        tokio::spawn(write_status_loop(shared.clone(), target));
+    }
+    let app = router(shared.clone());
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(%err, "HTTP server stopped");
+        }
+    });
+    let mut reducer = Reducer::new(settings, shared, table_rx)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopper = stop.clone();
+    let merging = tokio::task::spawn_blocking(move || reducer.run(&stopper));
+    tokio::pin!(merging);
+    tokio::select! {
+        result = &mut merging => return result.map_err(|e| Error::Config(e.to_string()))?,
+        _ = topk_worker::shutdown_signal() => tracing::info!("stopping"),
+    }
+    stop.store(true, Ordering::SeqCst);
+    merging.await.map_err(|e| Error::Config(e.to_string()))?
+}

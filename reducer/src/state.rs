@@ -1,0 +1,509 @@
+//! The reducer's decisions, without I/O: which summaries count (epoch fencing), when a window
+//! end is complete, and the merged lists published for it.
+//!
+//! Workers send one summary per (shard, window, window end). A window end is published once
+//! every shard has sent its summary for that end under the shard's current epoch; the newest
+//! such end wins, older pending ends are dropped with it. A summary from an older epoch is
+//! ignored, one from a newer epoch than the table knows waits in a bounded quarantine until
+//! the table catches up.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use topk_api::assignment::AssignmentTable;
+use topk_api::record::{ShardOffset, SummaryRecord};
+use topk_engine::summary::merge_known;
+use topk_engine::{Ranking, ShardSummary};
+
+/// Window ends kept waiting per window; past it the oldest is dropped (and counted).
+pub const MAX_PENDING_ENDS: usize = 4096;
+/// Summaries held in quarantine; past it the oldest is dropped (and counted).
+pub const MAX_QUARANTINE: usize = 10_000;
+
+/// What the reducer merges: one metric under one configuration.
+#[derive(Debug, Clone)]
+pub struct ReducerConfig {
+    pub metric: String,
+    /// Hash of the rendered config; summaries counted under another one are ignored.
+    pub config_version: String,
+    pub shards: u32,
+    pub k: usize,
+    /// Window names in the spec's order.
+    pub windows: Vec<String>,
+}
+
+/// What became of an offered summary; `as_str` is its metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    Accepted,
+    /// The same (shard, epoch, seq) again: a re-send after a worker restart.
+    Duplicate,
+    /// From an epoch older than the shard's: a fenced-off owner.
+    StaleEpoch,
+    /// From an epoch newer than the table the reducer knows; held until the table catches up.
+    Quarantined,
+    /// For a window end at or before the one already published.
+    AlreadyPublished,
+    OtherMetric,
+    OtherConfig,
+    UnknownWindow,
+    UnknownShard,
+    /// A summary made before any bucket of its window closed: nothing to merge.
+    NoWindowEnd,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Accepted,
+        Outcome::Duplicate,
+        Outcome::StaleEpoch,
+        Outcome::Quarantined,
+        Outcome::AlreadyPublished,
+        Outcome::OtherMetric,
+        Outcome::OtherConfig,
+        Outcome::UnknownWindow,
+        Outcome::UnknownShard,
+        Outcome::NoWindowEnd,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Duplicate => "duplicate",
+            Outcome::StaleEpoch => "stale_epoch",
+            Outcome::Quarantined => "quarantined",
+            Outcome::AlreadyPublished => "already_published",
+            Outcome::OtherMetric => "other_metric",
+            Outcome::OtherConfig => "other_config",
+            Outcome::UnknownWindow => "unknown_window",
+            Outcome::UnknownShard => "unknown_shard",
+            Outcome::NoWindowEnd => "no_window_end",
+        }
+    }
+}
+
+/// A complete window end, merged: what the store writes as new versions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Publication {
+    pub window: String,
+    pub window_end_ms: i64,
+    /// One list per scope, ordered by scope.
+    pub rankings: Vec<Ranking>,
+    pub input_range: Vec<ShardOffset>,
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    summary: ShardSummary,
+    input_offset: i64,
+    /// Offset of the record in the summaries topic: where a restart must read from again.
+    record_offset: i64,
+}
+
+#[derive(Debug, Default)]
+struct WindowState {
+    published_end: Option<i64>,
+    /// Window end -> shard -> its summary for that end.
+    pending: BTreeMap<i64, BTreeMap<u32, Pending>>,
+    known_scopes: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+pub struct ReducerState {
+    cfg: ReducerConfig,
+    table: Option<AssignmentTable>,
+    windows: Vec<WindowState>,
+    quarantine: VecDeque<(SummaryRecord, i64)>,
+    deny: BTreeSet<String>,
+    /// Pending ends and quarantined summaries dropped because their bound was reached.
+    dropped: u64,
+}
+
+impl ReducerState {
+    /// `published_ends` are the window ends already published (from the store), per window in
+    /// the config's order; summaries at or before them are not merged again.
+    pub fn new(cfg: ReducerConfig, published_ends: &[Option<i64>]) -> Self {
+        let windows = (0..cfg.windows.len())
+            .map(|w| WindowState {
+                published_end: published_ends.get(w).copied().flatten(),
+                ..WindowState::default()
+            })
+            .collect();
+        Self {
+            cfg,
+            table: None,
+            windows,
+            quarantine: VecDeque::new(),
+            deny: BTreeSet::new(),
+            dropped: 0,
+        }
+    }
+
+    pub fn config(&self) -> &ReducerConfig {
+        &self.cfg
+    }
+
+    pub fn table(&self) -> Option<&AssignmentTable> {
+        self.table.as_ref()
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    pub fn quarantined(&self) -> usize {
+        self.quarantine.len()
+    }
+
+    /// Keys left out of every list published from now on.
+    pub fn set_deny(&mut self, keys: impl IntoIterator<Item = String>) {
+        self.deny = keys.into_iter().collect();
+    }
+
+    /// Takes a new assignment table: pending summaries of epochs it replaced are dropped, and
+    /// quarantined ones are offered again. Returns the outcomes of those offered again.
+    pub fn set_table(&mut self, table: AssignmentTable) -> Vec<Outcome> {
+        if self
+            .table
+            .as_ref()
+            .is_some_and(|t| t.version > table.version)
+        {
+            return Vec::new(); // an older table arriving late
+        }
+        for window in &mut self.windows {
+            for shards in window.pending.values_mut() {
+                shards.retain(|shard, p| {
+                    table
+                        .owner(*shard)
+                        .is_some_and(|o| o.epoch == p.summary.epoch)
+                });
+            }
+            window.pending.retain(|_, shards| !shards.is_empty());
+        }
+        self.table = Some(table);
+        let waiting: Vec<_> = self.quarantine.drain(..).collect();
+        waiting
+            .into_iter()
+            .map(|(record, offset)| self.offer(record, offset))
+            .collect()
+    }
+
+    /// Considers one summary; `record_offset` is its offset in the summaries topic.
+    pub fn offer(&mut self, record: SummaryRecord, record_offset: i64) -> Outcome {
+        let summary = &record.summary;
+        if summary.metric != self.cfg.metric {
+            return Outcome::OtherMetric;
+        }
+        if record.config_version != self.cfg.config_version {
+            return Outcome::OtherConfig;
+        }
+        let Some(w) = self.cfg.windows.iter().position(|n| *n == summary.window) else {
+            return Outcome::UnknownWindow;
+        };
+        if summary.shard >= self.cfg.shards {
+            return Outcome::UnknownShard;
+        }
+        let Some(end) = summary.window_end_ms else {
+            return Outcome::NoWindowEnd;
+        };
+        let current = self
+            .table
+            .as_ref()
+            .and_then(|t| t.owner(summary.shard))
+            .map(|o| o.epoch);
+        match current {
+            Some(epoch) if summary.epoch < epoch => return Outcome::StaleEpoch,
+            Some(epoch) if summary.epoch == epoch => {}
+            _ => {
+                self.quarantine.push_back((record, record_offset));
+                if self.quarantine.len() > MAX_QUARANTINE {
+                    self.quarantine.pop_front();
+                    self.dropped += 1;
+                }
+                return Outcome::Quarantined;
+            }
+        }
+        let window = &mut self.windows[w];
+        if window.published_end.is_some_and(|p| end <= p) {
+            return Outcome::AlreadyPublished;
+        }
+        let shards = window.pending.entry(end).or_default();
+        if let Some(held) = shards.get(&summary.shard)
+            && held.summary.epoch == summary.epoch
+            && held.summary.seq == summary.seq
+        {
+            return Outcome::Duplicate;
+        }
+        let shard = summary.shard;
+        shards.insert(
+            shard,
+            Pending {
+                input_offset: record.input_offset,
+                summary: record.summary,
+                record_offset,
+            },
+        );
+        if window.pending.len() > MAX_PENDING_ENDS {
+            window.pending.pop_first();
+            self.dropped += 1;
+        }
+        Outcome::Accepted
+    }
+
+    /// Merges and returns, per window, the newest end every shard has reported, and forgets
+    /// every pending end up to it.
+    pub fn publish_ready(&mut self) -> Vec<Publication> {
+        let shards = self.cfg.shards as usize;
+        let mut out = Vec::new();
+        for (w, window) in self.windows.iter_mut().enumerate() {
+            let Some(end) = window
+                .pending
+                .iter()
+                .rev()
+                .find(|(_, by_shard)| by_shard.len() == shards)
+                .map(|(end, _)| *end)
+            else {
+                continue;
+            };
+            let Some(complete) = window.pending.remove(&end) else {
+                continue;
+            };
+            window.pending.retain(|e, _| *e > end);
+            window.published_end = Some(end);
+            let summaries: Vec<&ShardSummary> = complete.values().map(|p| &p.summary).collect();
+            let deny = &self.deny;
+            let rankings = merge_known(
+                &summaries,
+                self.cfg.k,
+                &|key| deny.contains(key),
+                &mut window.known_scopes,
+            );
+            out.push(Publication {
+                window: self.cfg.windows[w].clone(),
+                window_end_ms: end,
+                rankings,
+                input_range: complete
+                    .iter()
+                    .map(|(shard, p)| ShardOffset {
+                        shard: *shard,
+                        epoch: p.summary.epoch,
+                        offset: p.input_offset,
+                    })
+                    .collect(),
+            });
+        }
+        out
+    }
+
+    /// The newest window end any shard reported beyond the published one, and the shards that
+    /// have not reported it yet.
+    pub fn missing(&self, window: usize) -> Option<(i64, Vec<u32>)> {
+        let w = self.windows.get(window)?;
+        let (end, by_shard) = w.pending.iter().next_back()?;
+        let missing = (0..self.cfg.shards)
+            .filter(|s| !by_shard.contains_key(s))
+            .collect();
+        Some((*end, missing))
+    }
+
+    pub fn published_end(&self, window: usize) -> Option<i64> {
+        self.windows.get(window).and_then(|w| w.published_end)
+    }
+
+    /// Where a restarted reducer must read the summaries topic from to rebuild what is pending
+    /// now: the oldest pending or quarantined record, else `next` (the next unread offset).
+    pub fn resume_offset(&self, next: i64) -> i64 {
+        let pending = self
+            .windows
+            .iter()
+            .flat_map(|w| w.pending.values())
+            .flat_map(|by_shard| by_shard.values())
+            .map(|p| p.record_offset);
+        let quarantined = self.quarantine.iter().map(|(_, offset)| *offset);
+        pending.chain(quarantined).fold(next, i64::min)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use topk_api::assignment::ShardOwner;
+    use topk_engine::summary::{KeyCount, ScopeItems};
+
+    use super::*;
+
+    fn cfg() -> ReducerConfig {
+        ReducerConfig {
+            metric: "m".into(),
+            config_version: "c1".into(),
+            shards: 2,
+            k: 3,
+            windows: vec!["1m".into()],
+        }
+    }
+
+    fn table(version: u64, epochs: [u64; 2]) -> AssignmentTable {
+        AssignmentTable {
+            version,
+            shards: epochs
+                .iter()
+                .enumerate()
+                .map(|(shard, epoch)| ShardOwner {
+                    shard: shard as u32,
+                    worker: 0,
+                    epoch: *epoch,
+                })
+                .collect(),
+        }
+    }
+
+    fn record(shard: u32, epoch: u64, seq: u64, end: i64, items: &[(&str, u64)]) -> SummaryRecord {
+        SummaryRecord {
+            summary: ShardSummary {
+                metric: "m".into(),
+                shard,
+                epoch,
+                seq,
+                window: "1m".into(),
+                window_start_ms: Some(end - 60_000),
+                window_end_ms: Some(end),
+                watermark_ms: end,
+                mode: "exact".into(),
+                max_overcount: 0,
+                total: items.iter().map(|i| i.1).sum(),
+                scopes: vec![ScopeItems {
+                    scope: String::new(),
+                    items: items
+                        .iter()
+                        .map(|(key, count)| KeyCount {
+                            key: (*key).into(),
+                            count: *count,
+                        })
+                        .collect(),
+                }],
+            },
+            input_offset: seq as i64,
+            config_version: "c1".into(),
+        }
+    }
+
+    fn keys(p: &Publication) -> Vec<(String, u64)> {
+        p.rankings[0]
+            .items
+            .iter()
+            .map(|i| (i.key.clone(), i.count))
+            .collect()
+    }
+
+    #[test]
+    fn a_missing_shard_holds_the_window_end_back() {
+        let mut state = ReducerState::new(cfg(), &[None]);
+        state.set_table(table(1, [1, 1]));
+        assert_eq!(
+            state.offer(record(0, 1, 1, 60_000, &[("a", 2)]), 0),
+            Outcome::Accepted
+        );
+        assert!(state.publish_ready().is_empty());
+        assert_eq!(state.missing(0), Some((60_000, vec![1])));
+        assert_eq!(
+            state.offer(record(1, 1, 1, 60_000, &[("b", 3)]), 1),
+            Outcome::Accepted
+        );
+        let published = state.publish_ready();
+        assert_eq!(published.len(), 1);
+        assert_eq!(keys(&published[0]), vec![("b".into(), 3), ("a".into(), 2)]);
+        assert_eq!(state.missing(0), None);
+        assert_eq!(
+            state.offer(record(0, 1, 1, 60_000, &[("a", 2)]), 0),
+            Outcome::AlreadyPublished
+        );
+    }
+
+    #[test]
+    fn fencing_ignores_old_epochs_and_quarantines_new_ones() {
+        let mut state = ReducerState::new(cfg(), &[None]);
+        // Before any table, everything waits.
+        assert_eq!(
+            state.offer(record(0, 2, 1, 60_000, &[("a", 1)]), 0),
+            Outcome::Quarantined
+        );
+        assert_eq!(state.set_table(table(1, [2, 1])), vec![Outcome::Accepted]);
+        assert_eq!(
+            state.offer(record(1, 0, 9, 60_000, &[("stale", 99)]), 1),
+            Outcome::StaleEpoch
+        );
+        assert_eq!(
+            state.offer(record(1, 2, 1, 60_000, &[("b", 1)]), 2),
+            Outcome::Quarantined
+        );
+        assert_eq!(
+            state.offer(record(1, 1, 1, 60_000, &[("c", 1)]), 3),
+            Outcome::Accepted
+        );
+        assert_eq!(
+            state.offer(record(1, 1, 1, 60_000, &[("c", 1)]), 3),
+            Outcome::Duplicate
+        );
+        assert_eq!(state.resume_offset(10), 0);
+        // Shard 1 moves to epoch 2: its epoch-1 summary is dropped, the quarantined one counts.
+        assert_eq!(state.set_table(table(2, [2, 2])), vec![Outcome::Accepted]);
+        let published = state.publish_ready();
+        assert_eq!(keys(&published[0]), vec![("a".into(), 1), ("b".into(), 1)]);
+        assert_eq!(
+            published[0]
+                .input_range
+                .iter()
+                .map(|r| r.epoch)
+                .collect::<Vec<_>>(),
+            [2, 2]
+        );
+        assert_eq!(state.resume_offset(10), 10);
+        // An older table arriving late changes nothing.
+        assert!(state.set_table(table(1, [1, 1])).is_empty());
+        assert_eq!(state.table().map(|t| t.version), Some(2));
+    }
+
+    #[test]
+    fn the_newest_complete_end_wins_and_denied_keys_vanish() {
+        let mut state = ReducerState::new(cfg(), &[None]);
+        state.set_table(table(1, [1, 1]));
+        state.set_deny(["x".to_owned()]);
+        for (seq, end) in [(1, 60_000), (2, 70_000), (3, 80_000)] {
+            state.offer(record(0, 1, seq, end, &[("x", 9), ("a", seq)]), seq as i64);
+        }
+        for (seq, end) in [(1, 60_000), (2, 70_000)] {
+            state.offer(record(1, 1, seq, end, &[("b", 1)]), 10 + seq as i64);
+        }
+        let published = state.publish_ready();
+        assert_eq!(published.len(), 1);
+        assert_eq!(published[0].window_end_ms, 70_000);
+        assert_eq!(keys(&published[0]), vec![("a".into(), 2), ("b".into(), 1)]);
+        // 80 000 still waits for shard 1; its record is where a restart reads from.
+        assert_eq!(state.missing(0), Some((80_000, vec![1])));
+        assert_eq!(state.resume_offset(99), 3);
+    }
+
+    #[test]
+    fn other_metrics_configs_windows_and_shards_are_refused() {
+        let mut state = ReducerState::new(cfg(), &[Some(0)]);
+        state.set_table(table(1, [1, 1]));
+        let mut r = record(0, 1, 1, 60_000, &[]);
+        r.config_version = "old".into();
+        assert_eq!(state.offer(r, 0), Outcome::OtherConfig);
+        let mut r = record(0, 1, 1, 60_000, &[]);
+        r.summary.metric = "other".into();
+        assert_eq!(state.offer(r, 0), Outcome::OtherMetric);
+        let mut r = record(0, 1, 1, 60_000, &[]);
+        r.summary.window = "5m".into();
+        assert_eq!(state.offer(r, 0), Outcome::UnknownWindow);
+        assert_eq!(
+            state.offer(record(7, 1, 1, 60_000, &[]), 0),
+            Outcome::UnknownShard
+        );
+        let mut r = record(0, 1, 1, 60_000, &[]);
+        r.summary.window_end_ms = None;
+        assert_eq!(state.offer(r, 0), Outcome::NoWindowEnd);
+        assert_eq!(
+            state.offer(record(0, 1, 1, 0, &[]), 0),
+            Outcome::AlreadyPublished
+        );
+    }
+}

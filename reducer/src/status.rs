@@ -1,0 +1,76 @@
+//! The ranking summary in the `TopKMetric` status: the top few of each window's global list,
+//! its `asOf` and watermark, the leader and the watermark lag, so that `kubectl get tkm`
+//! shows who leads. Written with server-side apply under the reducer's own field manager, so
+//! the operator's fields are never touched (nor touch these).
+
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use topk_api::{RankingRecord, TopKMetric};
+use topk_engine::event::parse_rfc3339_ms;
+
+use crate::error::Error;
+
+/// Field manager of the reducer's status fields.
+pub const STATUS_MANAGER: &str = "topk-reducer";
+/// Items per window in the status; the full lists are in the query API.
+pub const STATUS_ITEMS: usize = 5;
+
+/// The status fields for the global (`""` scope) lists, in window order. `None` before any
+/// list exists. Pure: `now_ms` is the clock.
+pub fn status_fields(lists: &[&RankingRecord], now_ms: i64) -> Option<Value> {
+    let global: Vec<&RankingRecord> = lists
+        .iter()
+        .copied()
+        .filter(|r| r.scope.is_empty())
+        .collect();
+    let first = global.first()?;
+    let rankings: Vec<Value> = global
+        .iter()
+        .map(|r| {
+            json!({
+                "window": r.window,
+                "asOf": r.as_of,
+                "watermark": r.watermark,
+                "items": r.items.iter().take(STATUS_ITEMS).map(|i| json!({
+                    "rank": i.rank, "key": i.key, "count": i.count,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let lag = parse_rfc3339_ms(&first.watermark)
+        .map(|wm| topk_api::Duration::from_millis((now_ms - wm).max(0) / 1000 * 1000).to_string());
+    Some(json!({
+        "rankings": rankings,
+        "leader": first.items.first().map(|i| i.key.clone()),
+        "watermarkLag": lag,
+    }))
+}
+
+/// Applies `fields` to the status of TopKMetric `name`.
+pub async fn write(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    fields: Value,
+) -> Result<(), Error> {
+    let api: Api<TopKMetric> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({
+        "apiVersion": "topk.io/v1alpha1",
+        "kind": "TopKMetric",
+        "metadata": {"name": name},
+        "status": fields,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(STATUS_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// How often the status is written at most.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(5);

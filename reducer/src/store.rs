@@ -1,0 +1,279 @@
+//! The ranking store (RocksDB): immutable versions per (metric, window, scope) and a `latest`
+//! pointer per list that is moved only after the versions it points to are durable.
+//!
+//! Keys are length-prefixed so that any scope string is safe:
+//! `v | metric | window | scope | version (u64 BE)` -> the record as JSON,
+//! `p | metric | window | scope` -> the version readers get,
+//! `m | name` -> reducer bookkeeping (published window ends, resume offset).
+//! A crash after writing versions and before moving pointers leaves readers on the previous
+//! versions; the orphaned versions are never pointed to and age out with retention.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rocksdb::{DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
+use topk_api::RankingRecord;
+use topk_engine::event::parse_rfc3339_ms;
+
+use crate::error::Error;
+
+const VERSION: u8 = b'v';
+const POINTER: u8 = b'p';
+const META: u8 = b'm';
+const RESUME_KEY: &str = "resume-offset";
+
+/// Reducer bookkeeping written with the pointers it belongs to.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Meta {
+    /// Per window name, the newest published window end.
+    pub published_ends: BTreeMap<String, i64>,
+    /// Summaries topic offset a restart reads from.
+    pub resume_offset: Option<i64>,
+}
+
+/// Which versions of one list to keep.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// The newest this many versions are kept whatever their age.
+    pub keep: usize,
+    /// Older versions published before this time (Unix ms) are deleted.
+    pub older_than_ms: i64,
+}
+
+pub struct RankingStore {
+    db: DB,
+    metric: String,
+}
+
+fn push_part(key: &mut Vec<u8>, part: &str) {
+    key.extend_from_slice(&(part.len() as u32).to_be_bytes());
+    key.extend_from_slice(part.as_bytes());
+}
+
+fn read_part(key: &[u8]) -> Option<(&str, &[u8])> {
+    let len = u32::from_be_bytes(key.get(..4)?.try_into().ok()?) as usize;
+    let part = std::str::from_utf8(key.get(4..4 + len)?).ok()?;
+    Some((part, &key[4 + len..]))
+}
+
+fn sync() -> WriteOptions {
+    let mut options = WriteOptions::default();
+    options.set_sync(true);
+    options
+}
+
+impl RankingStore {
+    pub fn open(path: &Path, metric: &str) -> Result<Self, Error> {
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        let db = DB::open(&options, path)?;
+        Ok(Self {
+            db,
+            metric: metric.to_owned(),
+        })
+    }
+
+    fn list_key(&self, tag: u8, window: &str, scope: &str) -> Vec<u8> {
+        let mut key = vec![tag];
+        push_part(&mut key, &self.metric);
+        push_part(&mut key, window);
+        push_part(&mut key, scope);
+        key
+    }
+
+    fn version_key(&self, window: &str, scope: &str, version: u64) -> Vec<u8> {
+        let mut key = self.list_key(VERSION, window, scope);
+        key.extend_from_slice(&version.to_be_bytes());
+        key
+    }
+
+    fn meta_key(name: &str) -> Vec<u8> {
+        let mut key = vec![META];
+        key.extend_from_slice(name.as_bytes());
+        key
+    }
+
+    /// Writes new versions in one synced batch. Readers do not see them until [`Self::point`].
+    pub fn write_versions(&self, records: &[RankingRecord]) -> Result<(), Error> {
+        let mut batch = WriteBatch::default();
+        for r in records {
+            batch.put(
+                self.version_key(&r.window, &r.scope, r.version),
+                serde_json::to_vec(r)?,
+            );
+        }
+        self.db.write_opt(batch, &sync())?;
+        Ok(())
+    }
+
+    /// Moves each record's list pointer to its version, and records `meta`, in one synced
+    /// batch. The versions must have been written.
+    pub fn point(&self, records: &[RankingRecord], meta: &Meta) -> Result<(), Error> {
+        let mut batch = WriteBatch::default();
+        for r in records {
+            batch.put(
+                self.list_key(POINTER, &r.window, &r.scope),
+                r.version.to_be_bytes(),
+            );
+        }
+        for (window, end) in &meta.published_ends {
+            batch.put(Self::meta_key(&format!("end/{window}")), end.to_be_bytes());
+        }
+        if let Some(offset) = meta.resume_offset {
+            batch.put(Self::meta_key(RESUME_KEY), offset.to_be_bytes());
+        }
+        self.db.write_opt(batch, &sync())?;
+        Ok(())
+    }
+
+    fn read_i64(&self, key: &[u8]) -> Result<Option<i64>, Error> {
+        Ok(self
+            .db
+            .get(key)?
+            .and_then(|v| v.as_slice().try_into().ok().map(i64::from_be_bytes)))
+    }
+
+    pub fn meta(&self, windows: &[String]) -> Result<Meta, Error> {
+        let mut published_ends = BTreeMap::new();
+        for window in windows {
+            if let Some(end) = self.read_i64(&Self::meta_key(&format!("end/{window}")))? {
+                published_ends.insert(window.clone(), end);
+            }
+        }
+        Ok(Meta {
+            published_ends,
+            resume_offset: self.read_i64(&Self::meta_key(RESUME_KEY))?,
+        })
+    }
+
+    pub fn get(
+        &self,
+        window: &str,
+        scope: &str,
+        version: u64,
+    ) -> Result<Option<RankingRecord>, Error> {
+        match self.db.get(self.version_key(window, scope, version))? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn pointer(&self, window: &str, scope: &str) -> Result<Option<u64>, Error> {
+        Ok(self
+            .db
+            .get(self.list_key(POINTER, window, scope))?
+            .and_then(|v| v.as_slice().try_into().ok().map(u64::from_be_bytes)))
+    }
+
+    /// The version readers get for one list.
+    pub fn latest_of(&self, window: &str, scope: &str) -> Result<Option<RankingRecord>, Error> {
+        match self.pointer(window, scope)? {
+            Some(version) => self.get(window, scope, version),
+            None => Ok(None),
+        }
+    }
+
+    /// Every list's pointed version, for serving at once after a restart.
+    pub fn latest(&self) -> Result<Vec<RankingRecord>, Error> {
+        let mut prefix = vec![POINTER];
+        push_part(&mut prefix, &self.metric);
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator(IteratorMode::From(&prefix, Direction::Forward))
+        {
+            let (key, value) = item?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let Some((window, rest)) = read_part(&key[prefix.len()..]) else {
+                continue;
+            };
+            let Some((scope, _)) = read_part(rest) else {
+                continue;
+            };
+            let Ok(bytes) = value.as_ref().try_into() else {
+                continue;
+            };
+            if let Some(record) = self.get(window, scope, u64::from_be_bytes(bytes))? {
+                out.push(record);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stored versions of one list, oldest first.
+    pub fn versions(&self, window: &str, scope: &str) -> Result<Vec<u64>, Error> {
+        let prefix = self.list_key(VERSION, window, scope);
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator(IteratorMode::From(&prefix, Direction::Forward))
+        {
+            let (key, _) = item?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            if let Ok(bytes) = key[prefix.len()..].try_into() {
+                out.push(u64::from_be_bytes(bytes));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Newest stored version of one list (pointed to or not), 0 when none.
+    pub fn newest_version(&self, window: &str, scope: &str) -> Result<u64, Error> {
+        Ok(self.versions(window, scope)?.last().copied().unwrap_or(0))
+    }
+
+    /// Points a list back (or forward) at a stored version and returns that version.
+    pub fn rollback(
+        &self,
+        window: &str,
+        scope: &str,
+        version: u64,
+    ) -> Result<RankingRecord, Error> {
+        let record = self
+            .get(window, scope, version)?
+            .ok_or_else(|| Error::NoSuchVersion {
+                window: window.to_owned(),
+                scope: scope.to_owned(),
+                version,
+            })?;
+        self.db.put_opt(
+            self.list_key(POINTER, window, scope),
+            version.to_be_bytes(),
+            &sync(),
+        )?;
+        Ok(record)
+    }
+
+    /// Deletes the versions of one list beyond the newest `keep` and those published before
+    /// `older_than_ms`, but never the pointed one nor the newest. Returns how many went.
+    pub fn retain(&self, window: &str, scope: &str, policy: Retention) -> Result<usize, Error> {
+        let versions = self.versions(window, scope)?;
+        let pointed = self.pointer(window, scope)?;
+        let newest = versions.last().copied();
+        let excess = versions.len().saturating_sub(policy.keep);
+        let mut batch = WriteBatch::default();
+        let mut deleted = 0;
+        for (i, version) in versions.iter().enumerate() {
+            if Some(*version) == pointed || Some(*version) == newest {
+                continue;
+            }
+            let expired = i < excess
+                || self
+                    .get(window, scope, *version)?
+                    .and_then(|r| parse_rfc3339_ms(&r.as_of))
+                    .is_some_and(|at| at < policy.older_than_ms);
+            if expired {
+                batch.delete(self.version_key(window, scope, *version));
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            self.db.write(batch)?;
+        }
+        Ok(deleted)
+    }
+}
