@@ -95,7 +95,7 @@ impl Reducer {
     pub fn new(
         settings: ReducerSettings,
         shared: Arc<Shared>,
-        tables: watch::Receiver<Option<AssignmentTable>>,
+        mut tables: watch::Receiver<Option<AssignmentTable>>,
     ) -> Result<Self, Error> {
         let meta = shared.store.meta(&settings.merge.windows)?;
         let ends: Vec<Option<i64>> = settings
@@ -106,6 +106,11 @@ impl Reducer {
             .collect();
         let mut state = ReducerState::new(settings.merge.clone(), &ends);
         state.set_deny(settings.deny_keys.iter().cloned());
+        // A table already in the channel counts as seen by it: take it now.
+        let initial = tables.borrow_and_update().clone();
+        if let Some(table) = initial {
+            state.set_table(table);
+        }
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &settings.bootstrap)
             // Positions live in the ranking store; the group id is only required.

@@ -1,0 +1,131 @@
+//! The ranking store on a real RocksDB: readers only ever see pointed versions, a crash
+//! between writing versions and moving pointers leaves them on the old ones, rollback moves a
+//! pointer back, and retention keeps the served and newest versions.
+
+use std::collections::BTreeMap;
+
+use topk_api::RankingRecord;
+use topk_engine::RankedItem;
+use topk_engine::event::format_rfc3339_ms;
+use topk_reducer::store::{Meta, RankingStore, Retention};
+
+fn record(window: &str, scope: &str, version: u64, as_of_ms: i64, leader: &str) -> RankingRecord {
+    RankingRecord {
+        metric: "plays".into(),
+        scope: scope.into(),
+        window: window.into(),
+        window_start: None,
+        window_end: Some(format_rfc3339_ms(as_of_ms)),
+        items: vec![RankedItem {
+            rank: 1,
+            key: leader.into(),
+            count: version,
+        }],
+        mode: "exact".into(),
+        max_overcount: 0,
+        watermark: format_rfc3339_ms(as_of_ms),
+        as_of: format_rfc3339_ms(as_of_ms),
+        version,
+        exact_until: None,
+        stale: false,
+        input_range: Vec::new(),
+    }
+}
+
+fn meta(end: i64, resume: i64) -> Meta {
+    Meta {
+        published_ends: BTreeMap::from([("1h".to_owned(), end)]),
+        resume_offset: Some(resume),
+    }
+}
+
+#[test]
+fn a_crash_before_the_pointer_moves_leaves_readers_on_the_old_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rankings");
+    {
+        let store = RankingStore::open(&path, "plays").unwrap();
+        let v1 = [
+            record("1h", "", 1, 1_000, "old"),
+            record("1h", "eu", 1, 1_000, "old-eu"),
+        ];
+        store.write_versions(&v1).unwrap();
+        store.point(&v1, &meta(1_000, 7)).unwrap();
+        // Version 2 is written, then the process dies before the pointers move.
+        store
+            .write_versions(&[
+                record("1h", "", 2, 2_000, "new"),
+                record("1h", "eu", 2, 2_000, "new-eu"),
+            ])
+            .unwrap();
+    }
+    let store = RankingStore::open(&path, "plays").unwrap();
+    let latest = store.latest().unwrap();
+    assert_eq!(latest.len(), 2);
+    assert!(latest.iter().all(|r| r.version == 1), "{latest:?}");
+    assert_eq!(
+        store.latest_of("1h", "").unwrap().unwrap().items[0].key,
+        "old"
+    );
+    assert_eq!(store.meta(&["1h".into()]).unwrap(), meta(1_000, 7));
+    // The orphan is never reused: the next version number is past it.
+    assert_eq!(store.newest_version("1h", "").unwrap(), 2);
+    // Scopes are separate lists, whatever bytes they hold.
+    let odd = record("1h", "a/b\u{0}c", 1, 1_000, "odd");
+    store.write_versions(std::slice::from_ref(&odd)).unwrap();
+    store
+        .point(std::slice::from_ref(&odd), &Meta::default())
+        .unwrap();
+    assert_eq!(store.latest_of("1h", "a/b\u{0}c").unwrap(), Some(odd));
+    assert_eq!(store.versions("1h", "a/b").unwrap(), Vec::<u64>::new());
+}
+
+#[test]
+fn rollback_moves_the_pointer_to_a_stored_version_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RankingStore::open(dir.path(), "plays").unwrap();
+    for v in 1..=3 {
+        let r = [record(
+            "1h",
+            "",
+            v,
+            v as i64 * 1_000,
+            &format!("leader-{v}"),
+        )];
+        store.write_versions(&r).unwrap();
+        store.point(&r, &Meta::default()).unwrap();
+    }
+    let back = store.rollback("1h", "", 2).unwrap();
+    assert_eq!(back.items[0].key, "leader-2");
+    assert_eq!(store.latest_of("1h", "").unwrap().unwrap().version, 2);
+    let missing = store.rollback("1h", "", 9).unwrap_err();
+    assert!(missing.to_string().contains("no version 9"), "{missing}");
+    assert_eq!(store.latest_of("1h", "").unwrap().unwrap().version, 2);
+}
+
+#[test]
+fn retention_keeps_the_newest_and_the_pointed_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RankingStore::open(dir.path(), "plays").unwrap();
+    for v in 1..=10 {
+        let r = [record("1h", "", v, v as i64 * 1_000, "k")];
+        store.write_versions(&r).unwrap();
+        if v <= 4 {
+            store.point(&r, &Meta::default()).unwrap();
+        }
+    }
+    // By count: the newest 3, plus version 4 that readers are on.
+    let policy = Retention {
+        keep: 3,
+        older_than_ms: 0,
+    };
+    assert_eq!(store.retain("1h", "", policy).unwrap(), 6);
+    assert_eq!(store.versions("1h", "").unwrap(), vec![4, 8, 9, 10]);
+    // By age: everything published before 9 s goes, but never the pointed or newest one.
+    let policy = Retention {
+        keep: 100,
+        older_than_ms: 9_500,
+    };
+    assert_eq!(store.retain("1h", "", policy).unwrap(), 2);
+    assert_eq!(store.versions("1h", "").unwrap(), vec![4, 10]);
+}
