@@ -1,0 +1,217 @@
+//! End to end on the test environment's broker: a known stream through two `topk worker`
+//! processes and a `topk reducer` process gives exactly the oracle's lists over the reducer's
+//! HTTP API, also when a worker is SIGKILLed and restarted mid-stream.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use serde_json::Value;
+use topk_api::topics::TopicNames;
+use topk_engine::partition::message_key;
+use topk_engine::summary::rank_order;
+use topk_testenv::{TestEnv, unique_name};
+
+const SHARDS: u32 = 2;
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A process killed when dropped (also when the test fails).
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
+    format!(
+        r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {{name: {name}}}
+spec:
+  metric: plays
+  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
+  shards: {SHARDS}
+  k: 10
+  allowedLateness: 1s
+  denyKeys: [song-banned]
+  windows:
+    - {{name: 1h, length: 1h, bucket: 1s}}
+    - {{name: all, allTime: true, bucket: 1s}}
+"#
+    )
+}
+
+/// Exact top 10 per scope of everything produced, without the denied key.
+fn oracle(counts: &BTreeMap<(String, String), u64>) -> BTreeMap<String, Vec<(String, u64)>> {
+    let mut per_scope: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+    for ((scope, key), count) in counts {
+        if key != "song-banned" {
+            per_scope
+                .entry(scope.clone())
+                .or_default()
+                .push((key.clone(), *count));
+        }
+    }
+    for list in per_scope.values_mut() {
+        list.sort_by(|a, b| rank_order(&a.0, a.1, &b.0, b.1));
+        list.truncate(10);
+    }
+    per_scope
+}
+
+fn items(list: &Value) -> Vec<(String, u64)> {
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|i| {
+                    (
+                        i["key"].as_str().unwrap_or_default().to_owned(),
+                        i["count"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn workers_and_reducer_publish_the_exact_lists() {
+    let Some(env) = TestEnv::get("workers and reducer end to end") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let ns = "e2e";
+    let name = unique_name("plays");
+    let input = unique_name("plays-input");
+    let topics = TopicNames::of(ns, &name);
+    runtime.block_on(async {
+        env.create_topic(&input, SHARDS as i32, &[]).await;
+        env.create_topic(&topics.summaries, 1, &[]).await;
+        env.create_topic(
+            &topics.snapshots,
+            SHARDS as i32,
+            &[("cleanup.policy", "compact")],
+        )
+        .await;
+        env.create_topic(&topics.dead_letters, 1, &[]).await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("metric.yaml");
+    std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+    let assignment = dir.path().join("assignment.json");
+    let table = serde_json::json!({"version": 1, "shards": [
+        {"shard": 0, "worker": 0, "epoch": 1},
+        {"shard": 1, "worker": 1, "epoch": 1},
+    ]});
+    std::fs::write(&assignment, table.to_string()).expect("assignment");
+    let config_arg = config.to_str().expect("utf-8 path").to_owned();
+    let assignment_arg = assignment.to_str().expect("utf-8 path").to_owned();
+    let worker = |ordinal: u32| {
+        let state = dir.path().join(format!("worker-{ordinal}"));
+        Process(
+            common::topk()
+                .args(["worker", "--config", &config_arg, "--namespace", ns])
+                .args(["--ordinal", &ordinal.to_string()])
+                .args(["--assignment-file", &assignment_arg])
+                .arg("--state-dir")
+                .arg(state)
+                .args(["--listen", "127.0.0.1:0", "--checkpoint-interval", "200ms"])
+                .args(["--idle-timeout", "1s"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start topk worker"),
+        )
+    };
+    let reducer_state = dir.path().join("reducer");
+    let reducer = common::spawn(&[
+        "reducer",
+        "--config",
+        &config_arg,
+        "--namespace",
+        ns,
+        "--assignment-file",
+        &assignment_arg,
+        "--state-dir",
+        reducer_state.to_str().expect("utf-8 path"),
+    ]);
+    let _worker0 = worker(0);
+    let mut worker1 = worker(1);
+
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let mut produce = |events: usize| {
+        for i in 0..events {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            time += (state % 2) as i64;
+            let key = match state % 23 {
+                0 => "song-banned".to_owned(),
+                n => format!("song-{}", n * (state / 23 % 3) % 17),
+            };
+            let scope = if i % 3 == 0 { "eu" } else { "" };
+            let cost = 1 + state / 7 % 3;
+            let payload = serde_json::json!({
+                "event_time": time, "metric": "plays", "scope": scope, "key": key, "cost": cost,
+            })
+            .to_string();
+            let mkey = message_key("plays", scope, &key);
+            producer
+                .send(BaseRecord::to(&input).key(&mkey).payload(&payload))
+                .expect("enqueue");
+            *counts.entry((scope.to_owned(), key)).or_default() += cost;
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    };
+
+    produce(3_000);
+    // A worker dies without a goodbye and comes back: nothing is lost or counted twice.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(std::mem::replace(&mut worker1, worker(1)));
+    produce(3_000);
+    let want = oracle(&counts);
+    assert!(want[""].iter().all(|(k, _)| k != "song-banned"));
+
+    // Once the workers idle past the last event, both windows hold every event.
+    for window in ["all", "1h"] {
+        for (scope, expected) in &want {
+            let url = format!(
+                "{}/v1/rankings/plays?window={window}&scope={scope}",
+                reducer.base
+            );
+            let list = common::await_some(
+                &format!("the exact {window} list of scope {scope:?}"),
+                WAIT,
+                || {
+                    let (status, body) = common::get(&url);
+                    let list: Value = serde_json::from_str(&body).ok()?;
+                    (status == 200 && &items(&list) == expected).then_some(list)
+                },
+            );
+            assert_eq!(list["mode"], "exact");
+            assert_eq!(list["stale"], false);
+            assert_eq!(list["inputRange"].as_array().map(Vec::len), Some(2));
+        }
+    }
+}
