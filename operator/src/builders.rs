@@ -26,8 +26,8 @@ use crate::error::Error;
 pub struct Settings {
     /// Image of the data plane (`topk worker`, `topk reducer`, `topk recount`).
     pub image: String,
-    /// Size of each worker's RocksDB volume.
-    pub worker_storage: String,
+    /// Size of each worker and reducer RocksDB volume.
+    pub state_storage: String,
     /// How long departing workers get to report that they released their shards before the
     /// StatefulSet shrinks anyway (epochs fence them from then on).
     pub drain: Duration,
@@ -46,7 +46,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             image: format!("ghcr.io/topk-io/topk:{}", env!("CARGO_PKG_VERSION")),
-            worker_storage: "1Gi".to_owned(),
+            state_storage: "1Gi".to_owned(),
             drain: Duration::from_secs(30),
             rescale_deadline: Duration::from_secs(600),
             recount_ttl: Duration::from_secs(24 * 3600),
@@ -227,10 +227,10 @@ pub fn desired(
             "subjects": [{"kind": "ServiceAccount", "name": names.data_plane, "namespace": metric.namespace()}],
         }))?,
         worker_service: headless_service(metric, &names.worker, "worker")?,
-        worker: statefulset(metric, &names, "worker", workers, &hash, settings, true)?,
+        worker: statefulset(metric, &names, "worker", workers, &hash, settings)?,
         worker_pdb: pdb(metric, &names.worker, "worker")?,
         reducer_service: headless_service(metric, &names.reducer, "reducer")?,
-        reducer: statefulset(metric, &names, "reducer", reducers, &hash, settings, false)?,
+        reducer: statefulset(metric, &names, "reducer", reducers, &hash, settings)?,
         reducer_pdb: pdb(metric, &names.reducer, "reducer")?,
     })
 }
@@ -263,7 +263,6 @@ fn statefulset(
     replicas: u32,
     config_hash: &str,
     settings: &Settings,
-    with_state: bool,
 ) -> Result<StatefulSet, Error> {
     let name = if component == "worker" {
         &names.worker
@@ -272,25 +271,20 @@ fn statefulset(
     };
     let mut pod_labels = labels(metric, component);
     pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
-    let volume_claims = if with_state {
-        json!([{
-            "metadata": {"name": "state"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": settings.worker_storage}}},
-        }])
-    } else {
-        json!([])
-    };
+    // Workers keep checkpoints, reducers the ranking store: both on a volume per pod.
+    let volume_claims = json!([{
+        "metadata": {"name": "state"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": settings.state_storage}}},
+    }]);
     let mut main = container(metric, component, &[], settings);
     main["ports"] = json!([{"name": "http", "containerPort": API_PORT}]);
     main["readinessProbe"] =
         json!({"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5});
     main["livenessProbe"] = json!({"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6});
-    if with_state {
-        main["volumeMounts"]
-            .as_array_mut()
-            .ok_or(Error::MissingObjectKey("volumeMounts"))?
-            .push(json!({"name": "state", "mountPath": "/var/lib/topk"}));
-    }
+    main["volumeMounts"]
+        .as_array_mut()
+        .ok_or(Error::MissingObjectKey("volumeMounts"))?
+        .push(json!({"name": "state", "mountPath": "/var/lib/topk"}));
     typed(json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": meta(metric, name, component)?,

@@ -23,9 +23,9 @@ struct Args {
     /// Image of the data plane (worker, reducer).
     #[arg(long, env = "TOPK_IMAGE")]
     image: Option<String>,
-    /// Size of each worker's state volume.
+    /// Size of each worker and reducer state volume (checkpoints, ranking store).
     #[arg(long, default_value = "1Gi")]
-    worker_storage: String,
+    state_storage: String,
     /// Seconds departing workers get to report their shards released before they are removed.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
@@ -64,7 +64,7 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let mut settings = Settings {
-        worker_storage: args.worker_storage,
+        state_storage: args.state_storage,
         drain: Duration::from_secs(args.drain_seconds),
         rescale_deadline: Duration::from_secs(args.rescale_deadline_seconds),
         recount_ttl: Duration::from_secs(args.recount_ttl_seconds),

@@ -64,7 +64,13 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
         1,
         "RocksDB volume"
     );
-    assert_eq!(d.reducer.spec.as_ref().unwrap().replicas, Some(1));
+    let reducer = d.reducer.spec.as_ref().unwrap();
+    assert_eq!(reducer.replicas, Some(1));
+    assert_eq!(
+        reducer.volume_claim_templates.as_ref().unwrap().len(),
+        1,
+        "ranking store volume"
+    );
     let table_json = &d.assignment.data.as_ref().unwrap()["assignment.json"];
     let parsed: topk_api::assignment::AssignmentTable = serde_json::from_str(table_json).unwrap();
     assert_eq!(parsed, table);

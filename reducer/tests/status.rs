@@ -44,7 +44,10 @@ fn status_fields_are_bounded_and_global_only() {
     let rankings = fields["rankings"].as_array().expect("rankings");
     assert_eq!(rankings.len(), 2);
     assert_eq!(rankings[0]["window"], "1h");
-    assert_eq!(rankings[0]["items"].as_array().map(Vec::len), Some(STATUS_ITEMS));
+    assert_eq!(
+        rankings[0]["items"].as_array().map(Vec::len),
+        Some(STATUS_ITEMS)
+    );
     assert_eq!(rankings[1]["items"].as_array().map(Vec::len), Some(2));
     assert_eq!(fields["leader"], "song-0");
     assert_eq!(fields["watermarkLag"], "4s");
@@ -57,8 +60,13 @@ async fn the_reducer_and_the_operator_share_the_status() {
         return;
     };
     let client = env.kube_client().await.expect("client");
-    install_crd(&client, &topk_api::crd::crd()).await.expect("crd");
-    let ns = env.namespace(&client, "reducer-status").await.expect("namespace");
+    install_crd(&client, &topk_api::crd::crd())
+        .await
+        .expect("crd");
+    let ns = env
+        .namespace(&client, "reducer-status")
+        .await
+        .expect("namespace");
     let name = unique_name("plays");
     let api: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
     let metric: TopKMetric = serde_json::from_value(serde_json::json!({
@@ -72,12 +80,19 @@ async fn the_reducer_and_the_operator_share_the_status() {
         },
     }))
     .expect("metric");
-    api.create(&PostParams::default(), &metric).await.expect("create");
+    api.create(&PostParams::default(), &metric)
+        .await
+        .expect("create");
 
     let first = list("1h", "", 8);
-    write(&client, &ns, &name, status_fields(&[&first], NOW).expect("fields"))
-        .await
-        .expect("reducer status");
+    write(
+        &client,
+        &ns,
+        &name,
+        status_fields(&[&first], NOW).expect("fields"),
+    )
+    .await
+    .expect("reducer status");
     // The operator writes its own fields the way it does: a merge patch.
     let operator = serde_json::json!({"status": {"observedGeneration": 1, "assignmentVersion": 4}});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&operator))
@@ -85,15 +100,24 @@ async fn the_reducer_and_the_operator_share_the_status() {
         .expect("operator status");
     let mut second = list("1h", "", 8);
     second.items.reverse();
-    write(&client, &ns, &name, status_fields(&[&second], NOW).expect("fields"))
-        .await
-        .expect("reducer status again");
+    write(
+        &client,
+        &ns,
+        &name,
+        status_fields(&[&second], NOW).expect("fields"),
+    )
+    .await
+    .expect("reducer status again");
 
     let got = api.get(&name).await.expect("get");
     let status = got.status.expect("status");
     assert_eq!(status.assignment_version, Some(4), "operator field kept");
     assert_eq!(status.observed_generation, Some(1));
-    assert_eq!(status.leader.as_deref(), Some("song-7"), "reducer field updated");
+    assert_eq!(
+        status.leader.as_deref(),
+        Some("song-7"),
+        "reducer field updated"
+    );
     assert_eq!(status.watermark_lag.as_deref(), Some("4s"));
     assert_eq!(status.rankings.len(), 1);
     assert_eq!(status.rankings[0].items.len(), STATUS_ITEMS);
