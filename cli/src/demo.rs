@@ -128,7 +128,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
                 }
             }
             _ = printer.tick() => {
-                match state.store.get(&first_window, "") {
+                match state.served.get(&first_window, "").map(|e| e.record.clone()) {
                     Some(r) if r.version != printed_version => {
                         printed_version = r.version;
                         println!();

@@ -73,7 +73,11 @@ impl Ingestor {
                 .set(last.ranking.watermark_ms as f64 / 1000.0);
         }
         metrics.state_bytes.set(self.pipeline.state_bytes() as i64);
-        self.state.store.publish(&self.published);
+        self.state.served.put(
+            self.published
+                .iter()
+                .map(topk_api::RankingRecord::from_published),
+        );
         self.published.clear();
     }
 }

@@ -8,7 +8,6 @@ mod metrics;
 mod reducer;
 mod run;
 mod server;
-mod store;
 mod worker;
 
 use clap::{Parser, Subcommand};

@@ -27,8 +27,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    /// `requests` is the query API's response counter (by status code).
+    pub fn new(requests: Family<topk_reducer::metrics::CodeLabel, Counter>) -> Self {
         let mut registry = Registry::with_prefix("topk");
+        registry.register("requests", "Query API responses by status code", requests);
         let events_accepted = Counter::default();
         let events_rejected = Family::<ReasonLabel, Counter>::default();
         let rankings_published = Family::<WindowLabel, Counter>::default();

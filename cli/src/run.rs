@@ -16,7 +16,7 @@ use crate::error::CliError;
 use crate::ingest::{Ingestor, now_ms};
 use crate::metrics::Metrics;
 use crate::server::{self, AppState};
-use crate::store::RankingStore;
+use topk_reducer::Served;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum OutputFormat {
@@ -67,12 +67,11 @@ pub fn load_config(file: Option<&PathBuf>) -> Result<(String, EngineConfig), Cli
 
 pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
     let windows: Vec<String> = cfg.windows.iter().map(|w| w.name.clone()).collect();
+    let served = Served::new(&cfg.metric, windows, cfg.k);
+    let metrics = Metrics::new(served.requests.clone());
     Arc::new(AppState {
-        metric: cfg.metric.clone(),
-        windows: windows.clone(),
-        k: cfg.k,
-        store: RankingStore::new(windows),
-        metrics: Metrics::new(),
+        served: Arc::new(served),
+        metrics,
     })
 }
 
@@ -160,7 +159,12 @@ fn progress(ingestor: &Ingestor, lines: u64, started: Instant) {
 
 fn report(ingestor: &Ingestor, state: &AppState, output: OutputFormat) {
     let p = ingestor.pipeline();
-    let rankings = state.store.all();
+    let rankings: Vec<RankingRecord> = state
+        .served
+        .all()
+        .iter()
+        .map(|e| e.record.clone())
+        .collect();
     match output {
         OutputFormat::Json => {
             let report = RunReport {
