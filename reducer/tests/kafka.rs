@@ -198,7 +198,7 @@ fn reducer_merges_fences_serves_and_recovers() {
             k: 3,
             windows: vec!["1m".into()],
         },
-        bucket_ms: vec![10_000],
+        bucket_ms: vec![100],
         deny_keys: vec!["banned".into()],
         bootstrap: env.kafka_bootstrap.clone(),
         topics: topics.clone(),
