@@ -1,0 +1,294 @@
+//! Query API throughput and latency for a k=100 list, next to nginx serving the same JSON as a
+//! static file, in the same run on the same machine.
+//!
+//! `cargo bench -p topk-reducer --bench api --profile dev` with `nginx` and `wrk` installed
+//! (`apt-get install nginx wrk`); skipped with a message otherwise. `API_BENCH_SECONDS` sets
+//! each wrk run's length (default 5).
+//!
+//! 1. `wrk` (2 threads, 32 connections) against each server: requests/s and wrk's latency
+//!    percentiles at full load.
+//! 2. A paced client at half of the reducer's full-load rate: 4 keep-alive connections send on
+//!    a fixed schedule; latency is measured from the scheduled send time (so a stall is not
+//!    hidden by the client waiting), p50 and p99.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use topk_api::RankingRecord;
+use topk_engine::RankedItem;
+use topk_engine::event::format_rfc3339_ms;
+use topk_reducer::{Served, query_router};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const PATH: &str = "/v1/rankings/api_requests";
+const QUERY: &str = "?window=1h&k=100";
+
+fn list() -> RankingRecord {
+    let at = 1_796_000_000_000;
+    RankingRecord {
+        metric: "api_requests".into(),
+        scope: String::new(),
+        window: "1h".into(),
+        window_start: Some(format_rfc3339_ms(at - 3_600_000)),
+        window_end: Some(format_rfc3339_ms(at)),
+        items: (0..100)
+            .map(|i| RankedItem {
+                rank: i + 1,
+                key: format!("GET /api/v2/tenants/{}/orders", 7919 * (i + 3) % 100_000),
+                count: 1_000_000 / u64::from(i + 1),
+            })
+            .collect(),
+        mode: "exact".into(),
+        max_overcount: 0,
+        watermark: format_rfc3339_ms(at),
+        as_of: format_rfc3339_ms(at + 2_000),
+        version: 42,
+        exact_until: Some(format_rfc3339_ms(at)),
+        stale: false,
+        input_range: Vec::new(),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// nginx serving `body` at PATH from a temp dir, in the foreground, no access log.
+fn nginx(dir: &std::path::Path, body: &[u8]) -> (Nginx, u16) {
+    let root = dir.join("www");
+    let file = root.join(PATH.trim_start_matches('/'));
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("www");
+    std::fs::write(&file, body).expect("body");
+    let port = free_port();
+    let d = dir.display();
+    let conf = format!(
+        "daemon off; worker_processes 2; pid {d}/nginx.pid; error_log {d}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  keepalive_requests 10000000;
+  client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fcgi;
+  uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+  server {{
+    listen 127.0.0.1:{port};
+    root {root};
+    location / {{ default_type application/json; }}
+  }}
+}}
+",
+        root = root.display()
+    );
+    let conf_path = dir.join("nginx.conf");
+    std::fs::write(&conf_path, conf).expect("conf");
+    // As root nginx hands its workers to `nobody`: let them read the temp dir.
+    let _ = Command::new("chmod").args(["-R", "a+rX"]).arg(dir).status();
+    let child = Command::new("nginx")
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-p")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start nginx");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nginx did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (Nginx(child), port)
+}
+
+/// What wrk measured: requests/s and its p50/p99 latency in ms.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn wrk_ms(text: &str) -> Option<f64> {
+    let (number, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic())?);
+    let n: f64 = number.parse().ok()?;
+    Some(match unit {
+        "us" => n / 1000.0,
+        "ms" => n,
+        "s" => n * 1000.0,
+        _ => return None,
+    })
+}
+
+fn wrk(url: &str, seconds: u64) -> Load {
+    let out = Command::new("wrk")
+        .args(["-t2", "-c32", &format!("-d{seconds}s"), "--latency", url])
+        .output()
+        .expect("run wrk");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |label: &str| {
+        text.lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(label))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .unwrap_or_else(|| panic!("no {label:?} in wrk output:\n{text}"))
+    };
+    assert!(!text.contains("Non-2xx"), "errors from {url}:\n{text}");
+    Load {
+        per_sec: field("Requests/sec:").parse().expect("rate"),
+        p50_ms: wrk_ms(&field("50%")).expect("p50"),
+        p99_ms: wrk_ms(&field("99%")).expect("p99"),
+    }
+}
+
+/// One keep-alive HTTP/1.1 request; returns once the whole body is read.
+fn exchange(stream: &mut BufReader<TcpStream>, request: &[u8]) {
+    stream.get_mut().write_all(request).expect("send");
+    let mut length = 0;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        stream.read_line(&mut line).expect("header");
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        if let Some(value) = trimmed.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = value.trim().parse().expect("length");
+        }
+    }
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).expect("body");
+}
+
+/// Latencies (ms) of `rate` requests/s for `seconds`, over 4 connections on a fixed schedule.
+fn paced(port: u16, rate: f64, seconds: f64) -> (f64, f64) {
+    const CONNECTIONS: usize = 4;
+    let request =
+        format!("GET {PATH}{QUERY} HTTP/1.1\r\nHost: bench\r\nConnection: keep-alive\r\n\r\n");
+    let interval = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
+    let count = (seconds * rate / CONNECTIONS as f64) as usize;
+    let start = Instant::now() + Duration::from_millis(100);
+    let threads: Vec<_> = (0..CONNECTIONS)
+        .map(|c| {
+            let request = request.clone();
+            std::thread::spawn(move || {
+                let mut stream =
+                    BufReader::new(TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+                stream.get_ref().set_nodelay(true).expect("nodelay");
+                let offset = interval.mul_f64(c as f64 / CONNECTIONS as f64);
+                let mut latencies = Vec::with_capacity(count);
+                for i in 0..count {
+                    let due = start + offset + interval * i as u32;
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    exchange(&mut stream, request.as_bytes());
+                    latencies.push(due.elapsed().as_secs_f64() * 1000.0);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all: Vec<f64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("client"))
+        .collect();
+    all.sort_by(f64::total_cmp);
+    let at = |q: f64| all[((all.len() as f64 * q) as usize).min(all.len() - 1)];
+    (at(0.5), at(0.99))
+}
+
+fn main() {
+    for tool in ["nginx", "wrk"] {
+        if Command::new("which")
+            .arg(tool)
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            eprintln!(
+                "\n*** SKIPPED api benchmark: `{tool}` is not installed (apt-get install nginx wrk).\n"
+            );
+            return;
+        }
+    }
+    let seconds: u64 = std::env::var("API_BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let record = list();
+    let body = serde_json::to_vec(&record).expect("json");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_nginx, nginx_port) = nginx(dir.path(), &body);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let served = Arc::new(Served::new("api_requests", vec!["1h".into()], 100));
+    served.put([record]);
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let app = query_router(served);
+    runtime.spawn(async move { axum::serve(listener, app).await });
+    let reducer_base = format!("http://127.0.0.1:{port}");
+
+    println!(
+        "{} byte JSON list (k=100), wrk -t2 -c32 for {seconds}s each",
+        body.len()
+    );
+    let static_load = wrk(
+        &format!("http://127.0.0.1:{nginx_port}{PATH}{QUERY}"),
+        seconds,
+    );
+    let api_load = wrk(&format!("{reducer_base}{PATH}{QUERY}"), seconds);
+    // Both at the same paced rate: the client shares the machine's cores with the server, so
+    // nginx's numbers say what the machine allows.
+    let half = api_load.per_sec / 2.0;
+    let static_paced = paced(nginx_port, half, seconds as f64);
+    let api_paced = paced(port, half, seconds as f64);
+    println!();
+    println!("| server | requests/s | ratio | p50 at full load | p99 at full load |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, load) in [
+        ("nginx, static file", static_load),
+        ("topk reducer API", api_load),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.2} ms | {:.2} ms |",
+            load.per_sec,
+            load.per_sec / static_load.per_sec,
+            load.p50_ms,
+            load.p99_ms
+        );
+    }
+    println!();
+    println!("Paced at half the reducer's full-load rate ({half:.0} requests/s):");
+    println!();
+    println!("| server | p50 | p99 |");
+    println!("|---|---:|---:|");
+    for (name, (p50, p99)) in [
+        ("nginx, static file", static_paced),
+        ("topk reducer API", api_paced),
+    ] {
+        println!("| {name} | {p50:.3} ms | {p99:.3} ms |");
+    }
+}
