@@ -1,5 +1,7 @@
 //! The JSON served by the query API and printed by `topk run --output json`.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::pipeline::Published;
@@ -112,4 +114,56 @@ pub struct SummaryRecord {
     /// First input offset of the shard's partition not reflected in the summary.
     pub input_offset: i64,
     pub config_version: String,
+}
+
+/// Key of an exact-hours record (compacted topic): `{hour}/manifest` or `{hour}/{chunk:06}`,
+/// `hour` in RFC 3339. A rerun of the hour writes the same keys, so it replaces the hour.
+pub fn exact_hour_key(hour: &str, chunk: Option<u32>) -> String {
+    match chunk {
+        Some(n) => format!("{hour}/{n:06}"),
+        None => format!("{hour}/manifest"),
+    }
+}
+
+/// The last record of an hour's recount: what the chunks hold and how they were counted.
+/// Readers use an hour only through its manifest, and only its first `chunks` chunks (a
+/// longer earlier run may have left more).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExactHourManifest {
+    pub metric: String,
+    /// Start of the hour (RFC 3339); the hour is `[hour, hour + 1h)` in event time.
+    pub hour: String,
+    pub chunks: u32,
+    /// Events read from the input offsets covering the hour plus its grace.
+    pub events_read: u64,
+    /// Events of the hour counted (after dropping duplicates).
+    pub counted: u64,
+    /// Events whose `event_id` was already counted in this hour.
+    pub duplicates: u64,
+    /// Valid events with an event time outside the hour (read because of arrival order).
+    pub outside_hour: u64,
+    /// Invalid events by reason (as in the streaming path).
+    pub rejected: BTreeMap<String, u64>,
+    /// Distinct (scope, key) pairs.
+    pub keys: u64,
+    pub config_version: String,
+    pub duration_ms: u64,
+}
+
+/// One (scope, key) count of an exact hour.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopedCount {
+    pub scope: String,
+    pub key: String,
+    pub count: u64,
+}
+
+/// A part of an exact hour's counts, ordered by (scope, key) across the chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExactHourChunk {
+    pub hour: String,
+    pub chunk: u32,
+    pub counts: Vec<ScopedCount>,
 }

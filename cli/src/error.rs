@@ -26,4 +26,6 @@ pub enum CliError {
     Worker(#[from] topk_worker::Error),
     #[error("reducer: {0}")]
     Reducer(#[from] topk_reducer::Error),
+    #[error("recount: {0}")]
+    Recount(#[from] topk_recount::Error),
 }

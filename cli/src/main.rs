@@ -5,6 +5,7 @@ mod demo;
 mod error;
 mod ingest;
 mod metrics;
+mod recount;
 mod reducer;
 mod run;
 mod server;
@@ -40,6 +41,8 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Merge the workers' summaries into versioned rankings and serve them (the reducer pods).
     Reducer(reducer::ReducerArgs),
+    /// Recount one closed hour exactly from the input topic (the hourly Jobs).
+    Recount(recount::RecountArgs),
     /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
     Crd,
 }
@@ -64,6 +67,7 @@ async fn main() -> std::process::ExitCode {
         Command::Demo(args) => demo::demo(args).await,
         Command::Worker(args) => worker::worker(args).await,
         Command::Reducer(args) => reducer::reducer(args).await,
+        Command::Recount(args) => recount::recount(args).await,
         Command::Crd => topk_api::crd::crd_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(error::CliError::from),

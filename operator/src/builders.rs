@@ -374,8 +374,18 @@ pub fn recount_job(
         &["--hour".to_owned(), start.to_string()],
         settings,
     );
+    let mut container = container;
+    // The root filesystem is read-only: counts beyond memory spill to a scratch volume.
+    container["volumeMounts"]
+        .as_array_mut()
+        .ok_or(Error::MissingObjectKey("volumeMounts"))?
+        .push(json!({"name": "scratch", "mountPath": "/var/lib/topk"}));
     let mut pod = pod_spec(&names, container);
     pod["restartPolicy"] = json!("Never");
+    pod["volumes"]
+        .as_array_mut()
+        .ok_or(Error::MissingObjectKey("volumes"))?
+        .push(json!({"name": "scratch", "emptyDir": {}}));
     typed(json!({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": metadata,

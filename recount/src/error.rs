@@ -1,0 +1,23 @@
+use thiserror::Error;
+
+/// What fails a recount (and so its Job, which the operator retries). Bad events never do:
+/// they are counted by reason.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("input topic {0:?} has no partitions (does it exist?)")]
+    NoPartitions(String),
+    #[error("spill store: {0}")]
+    Spill(#[from] rocksdb::Error),
+    #[error("encoding the hour: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0} records of the hour were not delivered")]
+    Delivery(u64),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Output(#[from] topk_worker::Error),
+}

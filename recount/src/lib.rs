@@ -1,0 +1,333 @@
+//! The exact recount of one closed hour, which the operator's hourly Job runs
+//! (`topk recount`). It finds the hour on every input partition by message timestamp, reads
+//! from a little before the hour to past its end plus the grace, keeps the events whose event
+//! time is in the hour, drops repeated `event_id`s, counts exactly per (scope, key) in bounded
+//! memory, and writes the hour to the compacted exact-hours topic: chunks first, the manifest
+//! last, under keys that a rerun overwrites.
+
+pub mod counter;
+pub mod error;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use topk_api::TopKMetricSpec;
+use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
+use topk_api::topics::TopicNames;
+use topk_engine::event::{RejectReason, format_rfc3339_ms, parse_event_bytes};
+use topk_worker::output::{DeliveryCounter, send};
+
+pub use counter::HourCounter;
+pub use error::Error;
+
+const HOUR_MS: i64 = 3_600_000;
+/// Chunks stay well under Kafka's default 1 MB message limit.
+const CHUNK_BYTES: usize = 512 * 1024;
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct RecountSettings {
+    pub metric: String,
+    pub max_key_bytes: usize,
+    pub config_version: String,
+    pub bootstrap: String,
+    pub input_topic: String,
+    pub topics: TopicNames,
+    /// Start of the hour, Unix ms (a multiple of an hour).
+    pub hour_start_ms: i64,
+    /// Events of the hour may arrive this long after it ends.
+    pub grace_ms: i64,
+    /// Events may be stamped this far ahead of their arrival (the spec's `maxFutureSkew`):
+    /// reading starts this long before the hour.
+    pub early_ms: i64,
+    pub spill_dir: PathBuf,
+    pub max_in_memory: usize,
+}
+
+/// Resolves a recount of the hour starting at `hour_start_ms` for this metric.
+pub fn settings(
+    name: &str,
+    spec: &TopKMetricSpec,
+    namespace: &str,
+    config_version: String,
+    hour_start_ms: i64,
+) -> Result<RecountSettings, Error> {
+    if hour_start_ms.rem_euclid(HOUR_MS) != 0 {
+        return Err(Error::Config(format!(
+            "--hour {} is not the start of an hour",
+            format_rfc3339_ms(hour_start_ms)
+        )));
+    }
+    let engine = spec
+        .engine_config()
+        .map_err(|e| Error::Config(e.to_string()))?;
+    Ok(RecountSettings {
+        metric: engine.metric.clone(),
+        max_key_bytes: engine.max_key_bytes,
+        config_version,
+        bootstrap: spec.source.kafka.bootstrap_servers.clone(),
+        input_topic: spec.source.kafka.topic.clone(),
+        topics: TopicNames::of(namespace, name),
+        hour_start_ms,
+        grace_ms: spec.recount_settings().grace_ms,
+        early_ms: engine.max_future_skew_ms,
+        spill_dir: PathBuf::from("/var/lib/topk/recount"),
+        max_in_memory: 1_000_000,
+    })
+}
+
+/// Per partition, the offsets to read: `[start, end)`.
+fn offset_range(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partitions: &[i32],
+    from_ms: i64,
+    until_ms: i64,
+) -> Result<BTreeMap<i32, (i64, i64)>, Error> {
+    let at = |ms: i64| -> Result<BTreeMap<i32, Offset>, Error> {
+        let mut query = TopicPartitionList::new();
+        for p in partitions {
+            query.add_partition_offset(topic, *p, Offset::Offset(ms))?;
+        }
+        let found = consumer.offsets_for_times(query, KAFKA_TIMEOUT)?;
+        Ok(found
+            .elements()
+            .iter()
+            .map(|e| (e.partition(), e.offset()))
+            .collect())
+    };
+    let starts = at(from_ms)?;
+    let ends = at(until_ms)?;
+    let mut out = BTreeMap::new();
+    for p in partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, *p, KAFKA_TIMEOUT)?;
+        // No message stamped at or after the time: the range ends at the log's end.
+        let resolve = |o: Option<&Offset>| match o {
+            Some(Offset::Offset(n)) => *n,
+            _ => high,
+        };
+        let (start, end) = (resolve(starts.get(p)), resolve(ends.get(p)));
+        if start < end {
+            out.insert(*p, (start, end));
+        }
+    }
+    Ok(out)
+}
+
+/// Recounts the hour and publishes it; returns its manifest (also logged by the caller).
+pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
+    let started = Instant::now();
+    let hour = format_rfc3339_ms(settings.hour_start_ms);
+    let hour_end = settings.hour_start_ms + HOUR_MS;
+    let mut kafka = ClientConfig::new();
+    kafka.set("bootstrap.servers", &settings.bootstrap);
+    let consumer: BaseConsumer = kafka
+        .clone()
+        .set("group.id", format!("topk-{}-recount", settings.metric))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(&settings.input_topic), KAFKA_TIMEOUT)?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == settings.input_topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(Error::NoPartitions(settings.input_topic.clone()));
+    }
+    let ranges = offset_range(
+        &consumer,
+        &settings.input_topic,
+        &partitions,
+        settings.hour_start_ms - settings.early_ms,
+        hour_end + settings.grace_ms,
+    )?;
+    tracing::info!(hour, ?ranges, "recounting");
+    let mut counter = HourCounter::open(&settings.spill_dir, settings.max_in_memory)?;
+    let mut manifest = ExactHourManifest {
+        metric: settings.metric.clone(),
+        hour: hour.clone(),
+        chunks: 0,
+        events_read: 0,
+        counted: 0,
+        duplicates: 0,
+        outside_hour: 0,
+        rejected: BTreeMap::new(),
+        keys: 0,
+        config_version: settings.config_version.clone(),
+        duration_ms: 0,
+    };
+    if !ranges.is_empty() {
+        let mut tpl = TopicPartitionList::new();
+        for (p, (start, _)) in &ranges {
+            tpl.add_partition_offset(&settings.input_topic, *p, Offset::Offset(*start))?;
+        }
+        // All partitions are fetched at once by the client; counting is one loop.
+        consumer.assign(&tpl)?;
+        let mut open: BTreeMap<i32, i64> = ranges.iter().map(|(p, (_, end))| (*p, *end)).collect();
+        while !open.is_empty() {
+            let Some(result) = consumer.poll(Duration::from_millis(500)) else {
+                continue;
+            };
+            let msg = match result {
+                Ok(msg) => msg,
+                Err(err) => {
+                    tracing::warn!(%err, "consumer error; continuing");
+                    continue;
+                }
+            };
+            let Some(end) = open.get(&msg.partition()).copied() else {
+                continue;
+            };
+            if msg.offset() + 1 >= end {
+                open.remove(&msg.partition());
+                let mut done = TopicPartitionList::new();
+                done.add_partition(&settings.input_topic, msg.partition());
+                consumer.pause(&done)?;
+            }
+            if msg.offset() >= end {
+                continue;
+            }
+            manifest.events_read += 1;
+            count_one(
+                settings,
+                &mut counter,
+                &mut manifest,
+                msg.payload().unwrap_or_default(),
+                hour_end,
+            )?;
+        }
+    }
+    let chunks = publish(settings, &hour, counter, &mut manifest)?;
+    manifest.chunks = chunks;
+    manifest.duration_ms = started.elapsed().as_millis() as u64;
+    send_manifest(settings, &manifest)?;
+    Ok(manifest)
+}
+
+fn count_one(
+    settings: &RecountSettings,
+    counter: &mut HourCounter,
+    manifest: &mut ExactHourManifest,
+    payload: &[u8],
+    hour_end: i64,
+) -> Result<(), Error> {
+    let reject = |manifest: &mut ExactHourManifest, reason: RejectReason| {
+        *manifest
+            .rejected
+            .entry(reason.as_str().to_owned())
+            .or_default() += 1;
+    };
+    let event = match parse_event_bytes(payload, settings.max_key_bytes) {
+        Ok(event) => event,
+        Err(reason) => {
+            reject(manifest, reason);
+            return Ok(());
+        }
+    };
+    if event.metric != settings.metric {
+        reject(manifest, RejectReason::OtherMetric);
+        return Ok(());
+    }
+    if event.time_ms < settings.hour_start_ms || event.time_ms >= hour_end {
+        manifest.outside_hour += 1;
+        return Ok(());
+    }
+    if let Some(id) = &event.event_id
+        && !counter.first_time(id)?
+    {
+        manifest.duplicates += 1;
+        return Ok(());
+    }
+    counter.add(&event.scope, &event.key, event.cost)?;
+    manifest.counted += 1;
+    Ok(())
+}
+
+fn producer(
+    settings: &RecountSettings,
+) -> Result<(ThreadedProducer<DeliveryCounter>, DeliveryCounter), Error> {
+    let delivery = DeliveryCounter::default();
+    let producer = ClientConfig::new()
+        .set("bootstrap.servers", &settings.bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "20")
+        .create_with_context(delivery.clone())?;
+    Ok((producer, delivery))
+}
+
+/// Waits for everything sent; any record the broker did not take fails the recount.
+fn settle(
+    producer: &ThreadedProducer<DeliveryCounter>,
+    delivery: &DeliveryCounter,
+) -> Result<(), Error> {
+    producer.flush(KAFKA_TIMEOUT)?;
+    match delivery.failed() {
+        0 => Ok(()),
+        failed => Err(Error::Delivery(failed)),
+    }
+}
+
+/// Sends the counts as chunks of about [`CHUNK_BYTES`] of JSON; returns how many.
+fn publish(
+    settings: &RecountSettings,
+    hour: &str,
+    counter: HourCounter,
+    manifest: &mut ExactHourManifest,
+) -> Result<u32, Error> {
+    let (producer, delivery) = producer(settings)?;
+    let topic = &settings.topics.exact_hours;
+    let mut chunk = ExactHourChunk {
+        hour: hour.to_owned(),
+        chunk: 0,
+        counts: Vec::new(),
+    };
+    let mut bytes = 0;
+    let mut keys = 0u64;
+    let flush = |chunk: &mut ExactHourChunk| -> Result<(), Error> {
+        let body = serde_json::to_vec(chunk)?;
+        let key = exact_hour_key(hour, Some(chunk.chunk));
+        send(&producer, BaseRecord::to(topic).key(&key).payload(&body))?;
+        chunk.chunk += 1;
+        chunk.counts.clear();
+        Ok(())
+    };
+    counter.drain(|count: ScopedCount| {
+        bytes += count.scope.len() + count.key.len() + 48;
+        keys += 1;
+        chunk.counts.push(count);
+        if bytes >= CHUNK_BYTES {
+            flush(&mut chunk)?;
+            bytes = 0;
+        }
+        Ok(())
+    })?;
+    if !chunk.counts.is_empty() {
+        flush(&mut chunk)?;
+    }
+    manifest.keys = keys;
+    settle(&producer, &delivery)?;
+    Ok(chunk.chunk)
+}
+
+/// The manifest goes last, once every chunk is acknowledged.
+fn send_manifest(settings: &RecountSettings, manifest: &ExactHourManifest) -> Result<(), Error> {
+    let (producer, delivery) = producer(settings)?;
+    let body = serde_json::to_vec(manifest)?;
+    let key = exact_hour_key(&manifest.hour, None);
+    send(
+        &producer,
+        BaseRecord::to(&settings.topics.exact_hours)
+            .key(&key)
+            .payload(&body),
+    )?;
+    settle(&producer, &delivery)
+}
