@@ -1,0 +1,250 @@
+//! `topk recount` on the test environment's broker: the hour's events are counted exactly once
+//! (repeated `event_id`s dropped), late events within the grace are in, events of the hours
+//! around it and after the grace are not, bad events are counted by reason, counts spilled to
+//! disk add up, and a rerun replaces the hour with the same result.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+use topk_api::record::{ExactHourChunk, ExactHourManifest, exact_hour_key};
+use topk_api::topics::TopicNames;
+use topk_engine::event::format_rfc3339_ms;
+use topk_engine::partition::message_key;
+use topk_testenv::{TestEnv, unique_name};
+
+const HOUR: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z
+const MINUTE: i64 = 60_000;
+
+fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
+    format!(
+        r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {{name: {name}}}
+spec:
+  metric: plays
+  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
+  shards: 2
+  k: 10
+  maxKeyBytes: 16
+  allowedLateness: 1m
+  recount: {{grace: 5m}}
+  windows:
+    - {{name: 1h, length: 1h, bucket: 1m}}
+"#
+    )
+}
+
+/// The hour as read back: manifest and counts by (scope, key), through the manifest's chunks
+/// only (as a reader must).
+fn read_hour(
+    env: &TestEnv,
+    topic: &str,
+    hour: &str,
+) -> (ExactHourManifest, BTreeMap<(String, String), u64>) {
+    let consumer: BaseConsumer = env
+        .kafka_config()
+        .set("group.id", unique_name("read"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let (low, high) = consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .expect("watermarks");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(low))
+        .expect("offset");
+    consumer.assign(&tpl).expect("assign");
+    let mut latest: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut next = low;
+    while next < high {
+        let Some(msg) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let msg = msg.expect("message");
+        next = msg.offset() + 1;
+        let key = String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned();
+        latest.insert(key, msg.payload().unwrap_or_default().to_vec());
+    }
+    let manifest: ExactHourManifest =
+        serde_json::from_slice(&latest[&exact_hour_key(hour, None)]).expect("manifest");
+    let mut counts = BTreeMap::new();
+    for n in 0..manifest.chunks {
+        let chunk: ExactHourChunk =
+            serde_json::from_slice(&latest[&exact_hour_key(hour, Some(n))]).expect("chunk");
+        assert_eq!(chunk.chunk, n);
+        for c in chunk.counts {
+            assert!(
+                counts.insert((c.scope, c.key), c.count).is_none(),
+                "a key in two chunks"
+            );
+        }
+    }
+    (manifest, counts)
+}
+
+#[test]
+fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
+    let Some(env) = TestEnv::get("recount on kafka") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let ns = "recount";
+    let name = unique_name("plays");
+    let input = unique_name("plays-input");
+    let topics = TopicNames::of(ns, &name);
+    runtime.block_on(async {
+        env.create_topic(&input, 2, &[]).await;
+        env.create_topic(&topics.exact_hours, 1, &[("cleanup.policy", "compact")])
+            .await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("metric.yaml");
+    std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer");
+    let mut oracle: BTreeMap<(String, String), u64> = BTreeMap::new();
+    // (arrival = message timestamp, event time, scope, key, event_id, counted?)
+    let mut events: Vec<(i64, i64, &str, String, Option<String>, bool)> = Vec::new();
+    for i in 0..600i64 {
+        let t = HOUR - 10 * MINUTE + i * 12_000; // 18:50 .. 20:50, every 12 s
+        let key = format!("song-{}", i % 13 * (i % 3));
+        let scope = if i % 4 == 0 { "eu" } else { "" };
+        let in_hour = (HOUR..HOUR + 60 * MINUTE).contains(&t);
+        events.push((t, t, scope, key.clone(), Some(format!("e{i}")), in_hour));
+        if i % 10 == 0 {
+            // The same event delivered twice (a producer retry): counted once.
+            events.push((t + 1_000, t, scope, key, Some(format!("e{i}")), false));
+        }
+    }
+    // Late but within the 5 minute grace: in. Past the grace: out.
+    events.push((
+        HOUR + 63 * MINUTE,
+        HOUR + 59 * MINUTE,
+        "",
+        "late-in".into(),
+        None,
+        true,
+    ));
+    events.push((
+        HOUR + 66 * MINUTE,
+        HOUR + 59 * MINUTE,
+        "",
+        "late-out".into(),
+        None,
+        false,
+    ));
+    // Messages are stamped in arrival order, as a producer's clock stamps them.
+    events.sort_by_key(|e| e.0);
+    let mut bad_sent = false;
+    for (arrival, time, scope, key, id, counted) in &events {
+        if !bad_sent && *arrival > HOUR {
+            // Bad events inside the hour: not JSON, and a key over maxKeyBytes.
+            bad_sent = true;
+            for payload in [
+                "{oops".to_owned(),
+                serde_json::json!({"event_time": HOUR + 1, "metric": "plays", "key": "k".repeat(40)})
+                    .to_string(),
+            ] {
+                producer
+                    .send(BaseRecord::to(&input).key("plays||x").payload(&payload).timestamp(HOUR + 1))
+                    .expect("enqueue");
+            }
+        }
+        let mut body =
+            serde_json::json!({"event_time": time, "metric": "plays", "scope": scope, "key": key});
+        if let Some(id) = id {
+            body["event_id"] = serde_json::json!(id);
+        }
+        let payload = body.to_string();
+        let mkey = message_key("plays", scope, key);
+        producer
+            .send(
+                BaseRecord::to(&input)
+                    .key(&mkey)
+                    .payload(&payload)
+                    .timestamp(*arrival),
+            )
+            .expect("enqueue");
+        if *counted {
+            *oracle.entry((scope.to_string(), key.clone())).or_default() += 1;
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let hour = format_rfc3339_ms(HOUR);
+    let run = |max_in_memory: &str| {
+        let out = common::topk()
+            .args(["recount", "--config"])
+            .arg(&config)
+            .args([
+                "--namespace",
+                ns,
+                "--hour",
+                &hour,
+                "--max-in-memory",
+                max_in_memory,
+            ])
+            .arg("--spill-dir")
+            .arg(dir.path().join("spill"))
+            .arg("--termination-log")
+            .arg(dir.path().join("termination-log"))
+            .output()
+            .expect("run topk recount");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line: ExactHourManifest =
+            serde_json::from_slice(&out.stdout).expect("the manifest on stdout");
+        line
+    };
+    // A tiny memory bound: nearly every key goes through the spill store.
+    let first = run("3");
+    let (manifest, counts) = read_hour(&env, &topics.exact_hours, &hour);
+    assert_eq!(counts, oracle);
+    assert_eq!(manifest, first);
+    assert_eq!(manifest.counted, oracle.values().sum::<u64>());
+    assert_eq!(manifest.duplicates, 30);
+    assert_eq!(manifest.rejected.get("invalid_json"), Some(&1));
+    assert_eq!(manifest.rejected.get("oversize_key"), Some(&1));
+    assert!(manifest.outside_hour > 0);
+    assert_eq!(manifest.keys, oracle.len() as u64);
+    let written =
+        std::fs::read_to_string(dir.path().join("termination-log")).expect("termination log");
+    assert_eq!(
+        serde_json::from_str::<ExactHourManifest>(&written).expect("json"),
+        first
+    );
+
+    // A rerun replaces the hour: the same counts, read through the newest manifest.
+    let second = run("1000000");
+    let (manifest, counts) = read_hour(&env, &topics.exact_hours, &hour);
+    assert_eq!(counts, oracle);
+    assert_eq!(manifest, second);
+    assert_eq!(
+        (second.counted, second.duplicates, second.keys),
+        (first.counted, first.duplicates, first.keys)
+    );
+
+    // An hour that is not an hour start is refused with a clear message.
+    let out = common::topk()
+        .args(["recount", "--config"])
+        .arg(&config)
+        .args(["--namespace", ns, "--hour", "2026-09-01T19:30:00Z"])
+        .output()
+        .expect("run topk recount");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the start of an hour"));
+}
