@@ -89,6 +89,9 @@ fn read_hour(
     (manifest, counts)
 }
 
+/// (arrival = message timestamp, event time, scope, key, event_id, counted by the oracle?)
+type Produced = (i64, i64, &'static str, String, Option<String>, bool);
+
 #[test]
 fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
     let Some(env) = TestEnv::get("recount on kafka") else {
@@ -114,8 +117,7 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
         .create()
         .expect("producer");
     let mut oracle: BTreeMap<(String, String), u64> = BTreeMap::new();
-    // (arrival = message timestamp, event time, scope, key, event_id, counted?)
-    let mut events: Vec<(i64, i64, &str, String, Option<String>, bool)> = Vec::new();
+    let mut events: Vec<Produced> = Vec::new();
     for i in 0..600i64 {
         let t = HOUR - 10 * MINUTE + i * 12_000; // 18:50 .. 20:50, every 12 s
         let key = format!("song-{}", i % 13 * (i % 3));
