@@ -235,6 +235,43 @@ pub struct WindowSpec {
 pub struct WorkersSpec {
     #[serde(default = "one")]
     pub replicas: u32,
+    /// How often each worker checkpoints shard state and input offsets (default 5s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval: Option<Duration>,
+    /// How often shard snapshots also go to the handoff topic (default 60s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_interval: Option<Duration>,
+    /// A caught-up shard without events for this long has its watermark moved by the clock
+    /// (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Duration>,
+    /// How long a worker gaining a moved shard waits for the previous owner's release
+    /// snapshot (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_wait: Option<Duration>,
+}
+
+impl WorkersSpec {
+    /// The worker flags these fields set, as `(field, flag, value)`, for the pods' arguments.
+    pub fn timing_flags(&self) -> Vec<(&'static str, &'static str, Duration)> {
+        [
+            (
+                "checkpointInterval",
+                "--checkpoint-interval",
+                self.checkpoint_interval,
+            ),
+            (
+                "snapshotInterval",
+                "--snapshot-interval",
+                self.snapshot_interval,
+            ),
+            ("idleTimeout", "--idle-timeout", self.idle_timeout),
+            ("handoffWait", "--handoff-wait", self.handoff_wait),
+        ]
+        .into_iter()
+        .filter_map(|(field, flag, value)| value.map(|v| (field, flag, v)))
+        .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -485,6 +522,13 @@ impl TopKMetricSpec {
         }
         if recount.backfill_ms < 3_600_000 {
             problems.push("spec.recount.backfill must be at least 1h".to_owned());
+        }
+        if let Some(workers) = &self.workers {
+            for (field, _, value) in workers.timing_flags() {
+                if value.as_millis() <= 0 {
+                    problems.push(format!("spec.workers.{field} must be positive"));
+                }
+            }
         }
         if self.windows.is_empty() {
             problems.push("spec.windows needs at least one window".to_owned());

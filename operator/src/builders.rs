@@ -276,7 +276,16 @@ fn statefulset(
         "metadata": {"name": "state"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": settings.state_storage}}},
     }]);
-    let mut main = container(metric, component, &[], settings);
+    // Worker timing from the spec; absent fields keep the worker's defaults.
+    let timing: Vec<String> = match (component, &metric.spec.workers) {
+        ("worker", Some(workers)) => workers
+            .timing_flags()
+            .into_iter()
+            .flat_map(|(_, flag, value)| [flag.to_owned(), value.to_string()])
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut main = container(metric, component, &timing, settings);
     main["ports"] = json!([{"name": "http", "containerPort": API_PORT}]);
     main["readinessProbe"] =
         json!({"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5});

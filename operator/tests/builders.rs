@@ -79,6 +79,49 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
 }
 
 #[test]
+fn worker_timing_from_the_spec_reaches_the_worker_arguments_only() {
+    let mut metric = fixture();
+    let workers = metric.spec.workers.as_mut().unwrap();
+    workers.idle_timeout = Some(topk_api::Duration::from_millis(5_000));
+    workers.checkpoint_interval = Some(topk_api::Duration::from_millis(1_500));
+    let d = desired(&metric, &plan(8, None, 3), &Settings::default()).expect("desired");
+    let args = |sts: &k8s_openapi::api::apps::v1::StatefulSet| {
+        sts.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .args
+            .clone()
+            .unwrap()
+    };
+    let worker = args(&d.worker);
+    let after = |flag: &str| {
+        worker
+            .iter()
+            .position(|a| a == flag)
+            .map(|i| worker[i + 1].clone())
+    };
+    assert_eq!(after("--idle-timeout").as_deref(), Some("5s"));
+    assert_eq!(after("--checkpoint-interval").as_deref(), Some("1s500ms"));
+    assert_eq!(
+        after("--snapshot-interval"),
+        None,
+        "unset fields keep the defaults"
+    );
+    assert!(!args(&d.reducer).iter().any(|a| a == "--idle-timeout"));
+    metric.spec.workers.as_mut().unwrap().idle_timeout = Some(topk_api::Duration::from_millis(0));
+    let err = metric.spec.engine_config().unwrap_err().to_string();
+    assert!(
+        err.contains("spec.workers.idleTimeout must be positive"),
+        "{err}"
+    );
+}
+
+#[test]
 fn only_pipeline_changes_roll_the_pods() {
     let base = fixture();
     let mut scaled = base.clone();
