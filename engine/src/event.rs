@@ -76,7 +76,7 @@ pub struct Event<'a> {
     pub cost: u64,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct RawEvent<'a> {
     #[serde(borrow, default)]
     event_id: Option<Scalar<'a>>,
@@ -101,7 +101,15 @@ pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, Reject
 /// UTF-8 (as they are parsed), which saves a pass over the whole payload; invalid UTF-8 is
 /// `invalid_json` either way.
 pub fn parse_event_bytes(input: &[u8], max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
-    let raw: RawEvent<'_> = serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)?;
+    let raw: RawEvent<'_> = match flat::scan(input) {
+        Some(raw) => raw,
+        None => serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)?,
+    };
+    checked(raw, max_key_bytes)
+}
+
+/// The field checks shared by both parsers.
+fn checked(raw: RawEvent<'_>, max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
     let metric = match raw.metric {
         Some(Text(m)) if !m.is_empty() => m,
         _ => return Err(RejectReason::MissingMetric),
@@ -144,6 +152,140 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
     match OffsetDateTime::from_unix_timestamp_nanos(nanos) {
         Ok(t) => t.format(&Rfc3339).unwrap_or_else(|_| ms.to_string()),
         Err(_) => ms.to_string(),
+    }
+}
+
+/// The common case without serde: one flat object whose strings have no escapes and whose
+/// numbers are integers. Anything else (escapes, floats, nesting, `null`, duplicate fields,
+/// trailing bytes, any doubt) returns `None` and goes through serde, so both paths give the
+/// same answer (property-tested in `tests/flat_parse.rs` through `parse_event_bytes`).
+mod flat {
+    use std::borrow::Cow;
+
+    use super::{RawEvent, Scalar, Text};
+
+    struct Cursor<'a> {
+        bytes: &'a [u8],
+        at: usize,
+    }
+
+    impl<'a> Cursor<'a> {
+        fn skip_ws(&mut self) {
+            while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.at) {
+                self.at += 1;
+            }
+        }
+
+        fn eat(&mut self, byte: u8) -> Option<()> {
+            self.skip_ws();
+            (self.bytes.get(self.at) == Some(&byte)).then(|| self.at += 1)
+        }
+
+        fn peek(&mut self) -> Option<u8> {
+            self.skip_ws();
+            self.bytes.get(self.at).copied()
+        }
+
+        /// A string without escapes or control characters, at the cursor.
+        fn string(&mut self) -> Option<&'a str> {
+            self.eat(b'"')?;
+            let start = self.at;
+            let len = self.bytes[start..].iter().position(|b| *b == b'"')?;
+            let raw = &self.bytes[start..start + len];
+            if raw.iter().any(|b| *b == b'\\' || *b < 0x20) {
+                return None;
+            }
+            self.at = start + len + 1;
+            std::str::from_utf8(raw).ok()
+        }
+
+        /// An integer as serde_json reads it: negative ones signed, others unsigned.
+        fn integer(&mut self) -> Option<Scalar<'a>> {
+            self.skip_ws();
+            let start = self.at;
+            let negative = self.bytes.get(start) == Some(&b'-');
+            let digits_from = start + usize::from(negative);
+            let digits = self.bytes[digits_from..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let end = digits_from + digits;
+            let leading_zero = digits > 1 && self.bytes[digits_from] == b'0';
+            // serde_json reads `-0` as a float; leave it to serde.
+            let negative_zero = negative && self.bytes[digits_from..end].iter().all(|b| *b == b'0');
+            if digits == 0 || leading_zero || negative_zero {
+                return None;
+            }
+            if matches!(self.bytes.get(end), Some(b'.' | b'e' | b'E')) {
+                return None;
+            }
+            let text = std::str::from_utf8(&self.bytes[start..end]).ok()?;
+            self.at = end;
+            if negative {
+                text.parse().ok().map(Scalar::Signed)
+            } else {
+                text.parse().ok().map(Scalar::Unsigned)
+            }
+        }
+
+        fn scalar(&mut self) -> Option<Scalar<'a>> {
+            match self.peek()? {
+                b'"' => self.string().map(|s| Scalar::Text(Cow::Borrowed(s))),
+                _ => self.integer(),
+            }
+        }
+
+        /// Skips a value of a field nobody reads, if it is simple.
+        fn skip_value(&mut self) -> Option<()> {
+            match self.peek()? {
+                b'"' => self.string().map(|_| ()),
+                b't' | b'f' | b'n' => {
+                    let rest = &self.bytes[self.at..];
+                    let word: &[u8] = [&b"true"[..], b"false", b"null"]
+                        .into_iter()
+                        .find(|w| rest.starts_with(w))?;
+                    self.at += word.len();
+                    Some(())
+                }
+                _ => self.integer().map(|_| ()),
+            }
+        }
+    }
+
+    fn set<T>(slot: &mut Option<T>, value: T) -> Option<()> {
+        // A repeated field is an error to serde: let it say so.
+        slot.is_none().then(|| *slot = Some(value))
+    }
+
+    pub(super) fn scan(bytes: &[u8]) -> Option<RawEvent<'_>> {
+        let mut c = Cursor { bytes, at: 0 };
+        let mut raw = RawEvent::default();
+        c.eat(b'{')?;
+        if c.eat(b'}').is_none() {
+            loop {
+                let name = c.string()?;
+                c.eat(b':')?;
+                match name {
+                    "event_id" => set(&mut raw.event_id, c.scalar()?)?,
+                    "event_time" => set(&mut raw.event_time, c.scalar()?)?,
+                    "cost" => set(&mut raw.cost, c.scalar()?)?,
+                    "metric" => set(&mut raw.metric, Text(Cow::Borrowed(c.string()?)))?,
+                    "scope" => set(&mut raw.scope, Text(Cow::Borrowed(c.string()?)))?,
+                    "key" => set(&mut raw.key, Text(Cow::Borrowed(c.string()?)))?,
+                    _ => c.skip_value()?,
+                }
+                match c.peek()? {
+                    b',' => c.at += 1,
+                    b'}' => {
+                        c.at += 1;
+                        break;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        c.skip_ws();
+        (c.at == bytes.len()).then_some(raw)
     }
 }
 
@@ -370,5 +512,116 @@ mod tests {
             parse(r#"{"event_time":1,"metric":"m","key":7}"#),
             Err(RejectReason::InvalidJson)
         );
+    }
+
+    #[test]
+    fn typical_events_take_the_fast_path_and_unusual_ones_do_not() {
+        let typical = br#"{"event_time":1788289200000,"metric":"m","scope":"eu","key":"k","cost":2,"event_id":"e1"}"#;
+        assert!(flat::scan(typical).is_some());
+        for unusual in [
+            &br#"{"event_time":1,"metric":"m","key":"a\"b"}"#[..],
+            br#"{"event_time":1.5,"metric":"m","key":"k"}"#,
+            br#"{"event_time":1,"metric":"m","key":"k","key":"k"}"#,
+            br#"{"event_time":1,"metric":"m","key":"k","extra":[1]}"#,
+            br#"{"event_time":1,"metric":"m","key":"k"} x"#,
+        ] {
+            assert!(
+                flat::scan(unusual).is_none(),
+                "{}",
+                String::from_utf8_lossy(unusual)
+            );
+        }
+    }
+
+    mod flat_vs_serde {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        fn serde_only(input: &[u8]) -> Result<Event<'_>, RejectReason> {
+            let raw: RawEvent<'_> =
+                serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)?;
+            checked(raw, 8)
+        }
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[a-z0-9 ]{0,6}".prop_map(|s| format!("\"{s}\"")),
+                Just("\"a\\\"b\"".to_owned()),
+                Just("\"\u{e9}t\u{e9}\"".to_owned()),
+                Just("\"tab\there\"".to_owned()),
+                any::<i64>().prop_map(|n| n.to_string()),
+                any::<u64>().prop_map(|n| n.to_string()),
+                (0u32..3).prop_map(|n| format!("0{n}")),
+                Just("-0".to_owned()),
+                Just("-".to_owned()),
+                Just("1.5".to_owned()),
+                Just("2e3".to_owned()),
+                Just("12abc".to_owned()),
+                Just("true".to_owned()),
+                Just("false".to_owned()),
+                Just("null".to_owned()),
+                Just("nul".to_owned()),
+                Just("[1, {\"a\": 2}]".to_owned()),
+                Just("{\"x\": \"y\"}".to_owned()),
+                Just("\"2026-09-01T19:00:00Z\"".to_owned()),
+            ]
+        }
+
+        fn field() -> impl Strategy<Value = String> {
+            let name = prop_oneof![
+                Just("event_id"),
+                Just("event_time"),
+                Just("metric"),
+                Just("scope"),
+                Just("key"),
+                Just("cost"),
+                Just("other"),
+                Just("k\\u0065y"),
+            ];
+            (
+                name,
+                value(),
+                prop_oneof![Just(""), Just(" "), Just("\n\t")],
+            )
+                .prop_map(|(n, v, ws)| format!("{ws}\"{n}\"{ws}:{ws}{v}{ws}"))
+        }
+
+        fn object() -> impl Strategy<Value = Vec<u8>> {
+            (
+                prop::collection::vec(field(), 0..8),
+                prop_oneof![Just(""), Just(" "), Just(" x"), Just("}"), Just(",")],
+                any::<bool>(),
+            )
+                .prop_map(|(fields, tail, invalid_utf8)| {
+                    let mut bytes = format!("{{{}}}{tail}", fields.join(",")).into_bytes();
+                    if invalid_utf8 && bytes.len() > 4 {
+                        let at = bytes.len() / 2;
+                        bytes[at] = 0xff;
+                    }
+                    bytes
+                })
+        }
+
+        fn typical() -> impl Strategy<Value = Vec<u8>> {
+            (any::<i64>(), "[a-z]{0,3}", "[a-z]{0,10}", 0u64..5, any::<bool>()).prop_map(
+                |(t, scope, key, cost, id)| {
+                    let id = if id { format!(",\"event_id\":\"{t}\"") } else { String::new() };
+                    format!(
+                        "{{\"event_time\":{t},\"metric\":\"m\",\"scope\":\"{scope}\",\"key\":\"{key}\",\"cost\":{cost}{id}}}"
+                    )
+                    .into_bytes()
+                },
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4000))]
+
+            #[test]
+            fn the_fast_path_answers_as_serde_does(input in prop_oneof![object(), typical()]) {
+                prop_assert_eq!(parse_event_bytes(&input, 8), serde_only(&input));
+            }
+        }
     }
 }
