@@ -9,8 +9,9 @@ use topk_worker::ControlPlane;
 
 use crate::error::CliError;
 
+/// Which metric, under which config, on which broker: what every data-plane command reads.
 #[derive(Args)]
-pub struct DataPlaneArgs {
+pub struct ConfigArgs {
     /// The rendered config (`metric.json` from the operator) or a TopKMetric manifest.
     #[arg(long)]
     pub config: PathBuf,
@@ -20,6 +21,26 @@ pub struct DataPlaneArgs {
     /// Namespace of the TopKMetric (names the internal topics and ConfigMaps).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub namespace: String,
+    /// Overrides the config's Kafka bootstrap servers.
+    #[arg(long)]
+    pub bootstrap: Option<String>,
+}
+
+impl ConfigArgs {
+    pub fn load(&self) -> Result<Loaded, CliError> {
+        let (config_name, spec, version) = topk_worker::load_config(&self.config)?;
+        Ok(Loaded {
+            name: self.metric_name.clone().unwrap_or(config_name),
+            spec,
+            version,
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct DataPlaneArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
     /// This pod's ordinal (default: the suffix of POD_NAME, as in a StatefulSet).
     #[arg(long)]
     pub ordinal: Option<u32>,
@@ -32,9 +53,6 @@ pub struct DataPlaneArgs {
     /// Address of the HTTP endpoints.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: String,
-    /// Overrides the config's Kafka bootstrap servers.
-    #[arg(long)]
-    pub bootstrap: Option<String>,
 }
 
 /// The loaded config: object name, spec and config version.
@@ -45,15 +63,6 @@ pub struct Loaded {
 }
 
 impl DataPlaneArgs {
-    pub fn load(&self) -> Result<Loaded, CliError> {
-        let (config_name, spec, version) = topk_worker::load_config(&self.config)?;
-        Ok(Loaded {
-            name: self.metric_name.clone().unwrap_or(config_name),
-            spec,
-            version,
-        })
-    }
-
     pub fn ordinal(&self) -> Result<u32, CliError> {
         match self.ordinal {
             Some(o) => Ok(o),
@@ -83,7 +92,7 @@ impl DataPlaneArgs {
             },
             None => ControlPlane::Kubernetes {
                 client: self.client().await?,
-                namespace: self.namespace.clone(),
+                namespace: self.config.namespace.clone(),
             },
         })
     }

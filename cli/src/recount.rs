@@ -7,25 +7,16 @@ use std::path::PathBuf;
 use clap::Args;
 use topk_engine::event::parse_rfc3339_ms;
 
+use crate::dataplane::ConfigArgs;
 use crate::error::CliError;
 
 #[derive(Args)]
 pub struct RecountArgs {
-    /// The rendered config (`metric.json` from the operator) or a TopKMetric manifest.
-    #[arg(long)]
-    pub config: PathBuf,
-    /// The TopKMetric's name (default: the one in the config).
-    #[arg(long)]
-    pub metric_name: Option<String>,
-    /// Namespace of the TopKMetric (names the exact-hours topic).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    #[command(flatten)]
+    pub config: ConfigArgs,
     /// Start of the hour to recount, RFC 3339 (e.g. 2026-09-01T19:00:00Z).
     #[arg(long)]
     pub hour: String,
-    /// Overrides the config's Kafka bootstrap servers.
-    #[arg(long)]
-    pub bootstrap: Option<String>,
     /// Scratch space for counts and event ids beyond memory (emptied first).
     #[arg(long, default_value = "/var/lib/topk/recount")]
     pub spill_dir: PathBuf,
@@ -39,16 +30,21 @@ pub struct RecountArgs {
 }
 
 pub async fn recount(args: RecountArgs) -> Result<(), CliError> {
-    let (config_name, spec, version) = topk_worker::load_config(&args.config)?;
-    let name = args.metric_name.clone().unwrap_or(config_name);
+    let loaded = args.config.load()?;
     let hour = parse_rfc3339_ms(&args.hour).ok_or_else(|| {
         CliError::Usage(format!(
             "--hour {:?} is not an RFC 3339 time (e.g. 2026-09-01T19:00:00Z)",
             args.hour
         ))
     })?;
-    let mut settings = topk_recount::settings(&name, &spec, &args.namespace, version, hour)?;
-    if let Some(bootstrap) = args.bootstrap {
+    let mut settings = topk_recount::settings(
+        &loaded.name,
+        &loaded.spec,
+        &args.config.namespace,
+        loaded.version,
+        hour,
+    )?;
+    if let Some(bootstrap) = args.config.bootstrap {
         settings.bootstrap = bootstrap;
     }
     settings.spill_dir = args.spill_dir;

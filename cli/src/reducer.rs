@@ -29,14 +29,14 @@ pub struct ReducerArgs {
 
 pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
     let common = &args.common;
-    let loaded = common.load()?;
+    let loaded = common.config.load()?;
     let mut settings = topk_reducer::settings(
         &loaded.name,
         &loaded.spec,
-        &common.namespace,
+        &common.config.namespace,
         loaded.version,
     )?;
-    if let Some(bootstrap) = &common.bootstrap {
+    if let Some(bootstrap) = &common.config.bootstrap {
         settings.bootstrap = bootstrap.clone();
     }
     settings.state_dir = common.state_dir.clone();

@@ -30,16 +30,16 @@ pub struct WorkerArgs {
 
 pub async fn worker(args: WorkerArgs) -> Result<(), CliError> {
     let common = &args.common;
-    let loaded = common.load()?;
+    let loaded = common.config.load()?;
     let ordinal = common.ordinal()?;
     let mut settings = topk_worker::settings(
         &loaded.name,
         &loaded.spec,
-        &common.namespace,
+        &common.config.namespace,
         ordinal,
         loaded.version,
     )?;
-    if let Some(bootstrap) = &common.bootstrap {
+    if let Some(bootstrap) = &common.config.bootstrap {
         settings.bootstrap = bootstrap.clone();
     }
     settings.state_dir = common.state_dir.clone();

@@ -206,10 +206,11 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
             )?;
         }
     }
-    let chunks = publish(settings, &hour, counter, &mut manifest)?;
+    let output = producer(settings)?;
+    let chunks = publish(settings, &output, &hour, counter, &mut manifest)?;
     manifest.chunks = chunks;
     manifest.duration_ms = started.elapsed().as_millis() as u64;
-    send_manifest(settings, &manifest)?;
+    send_manifest(settings, &output, &manifest)?;
     Ok(manifest)
 }
 
@@ -252,9 +253,10 @@ fn count_one(
     Ok(())
 }
 
-fn producer(
-    settings: &RecountSettings,
-) -> Result<(ThreadedProducer<DeliveryCounter>, DeliveryCounter), Error> {
+/// The hour's producer and its delivery counter.
+type Output = (ThreadedProducer<DeliveryCounter>, DeliveryCounter);
+
+fn producer(settings: &RecountSettings) -> Result<Output, Error> {
     let delivery = DeliveryCounter::default();
     let producer = ClientConfig::new()
         .set("bootstrap.servers", &settings.bootstrap)
@@ -279,11 +281,11 @@ fn settle(
 /// Sends the counts as chunks of about [`CHUNK_BYTES`] of JSON; returns how many.
 fn publish(
     settings: &RecountSettings,
+    (producer, delivery): &Output,
     hour: &str,
     counter: HourCounter,
     manifest: &mut ExactHourManifest,
 ) -> Result<u32, Error> {
-    let (producer, delivery) = producer(settings)?;
     let topic = &settings.topics.exact_hours;
     let mut chunk = ExactHourChunk {
         hour: hour.to_owned(),
@@ -295,7 +297,7 @@ fn publish(
     let flush = |chunk: &mut ExactHourChunk| -> Result<(), Error> {
         let body = serde_json::to_vec(chunk)?;
         let key = exact_hour_key(hour, Some(chunk.chunk));
-        send(&producer, BaseRecord::to(topic).key(&key).payload(&body))?;
+        send(producer, BaseRecord::to(topic).key(&key).payload(&body))?;
         chunk.chunk += 1;
         chunk.counts.clear();
         Ok(())
@@ -314,20 +316,23 @@ fn publish(
         flush(&mut chunk)?;
     }
     manifest.keys = keys;
-    settle(&producer, &delivery)?;
+    settle(producer, delivery)?;
     Ok(chunk.chunk)
 }
 
 /// The manifest goes last, once every chunk is acknowledged.
-fn send_manifest(settings: &RecountSettings, manifest: &ExactHourManifest) -> Result<(), Error> {
-    let (producer, delivery) = producer(settings)?;
+fn send_manifest(
+    settings: &RecountSettings,
+    (producer, delivery): &Output,
+    manifest: &ExactHourManifest,
+) -> Result<(), Error> {
     let body = serde_json::to_vec(manifest)?;
     let key = exact_hour_key(&manifest.hour, None);
     send(
-        &producer,
+        producer,
         BaseRecord::to(&settings.topics.exact_hours)
             .key(&key)
             .payload(&body),
     )?;
-    settle(&producer, &delivery)
+    settle(producer, delivery)
 }

@@ -157,10 +157,7 @@ pub async fn write_status_loop(shared: Arc<Shared>, target: StatusTarget) {
         tokio::time::sleep(target.every).await;
         let lists = shared.served.all();
         let records: Vec<_> = lists.iter().map(|e| &e.record).collect();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let Some(fields) = status::status_fields(&records, now) else {
+        let Some(fields) = status::status_fields(&records, reducer::now_ms()) else {
             continue;
         };
         if last.as_ref() == Some(&fields) {

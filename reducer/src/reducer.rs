@@ -1,7 +1,7 @@
 //! The reducer's loop: reads the summaries topic, feeds the merge state, and for every complete
 //! window end writes new versions, moves the pointers, and serves them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +26,7 @@ use crate::store::{Meta, RankingStore, Retention};
 
 /// Messages handled between two looks at the table, publications and staleness.
 const HOUSEKEEPING_EVERY: u32 = 256;
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct ReducerSettings {
@@ -62,9 +63,13 @@ pub struct Reducer {
     next_versions: HashMap<(String, String), u64>,
     last_published: Vec<Instant>,
     next_offset: i64,
+    /// Lists published since retention last ran; it runs once a minute, not per publication
+    /// (it reads every stored version of a list).
+    retention_due: BTreeSet<(String, String)>,
+    last_retention: Instant,
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -143,6 +148,8 @@ impl Reducer {
             next_versions: HashMap::new(),
             last_published: vec![Instant::now(); windows],
             next_offset: start,
+            retention_due: BTreeSet::new(),
+            last_retention: Instant::now(),
         })
     }
 
@@ -198,6 +205,9 @@ impl Reducer {
         if !publications.is_empty() {
             self.publish(publications)?;
         }
+        if self.last_retention.elapsed() >= RETENTION_EVERY {
+            self.apply_retention()?;
+        }
         let metrics = &self.shared.metrics;
         metrics.dropped.set(self.state.dropped() as i64);
         metrics.quarantined.set(self.state.quarantined() as i64);
@@ -233,6 +243,18 @@ impl Reducer {
                     .set((now - wm) / 1000);
             }
         }
+        Ok(())
+    }
+
+    fn apply_retention(&mut self) -> Result<(), Error> {
+        let policy = Retention {
+            keep: self.settings.keep_versions,
+            older_than_ms: now_ms() - self.settings.keep_for.as_millis() as i64,
+        };
+        for (window, scope) in std::mem::take(&mut self.retention_due) {
+            self.shared.store.retain(&window, &scope, policy)?;
+        }
+        self.last_retention = Instant::now();
         Ok(())
     }
 
@@ -288,19 +310,17 @@ impl Reducer {
         let store = &self.shared.store;
         store.write_versions(&records)?;
         store.point(&records, &meta)?;
-        let retention = Retention {
-            keep: self.settings.keep_versions,
-            older_than_ms: now_ms() - self.settings.keep_for.as_millis() as i64,
-        };
-        for r in &records {
-            store.retain(&r.window, &r.scope, retention)?;
-        }
         let metrics = &self.shared.metrics;
         metrics.versions_published.inc_by(records.len() as u64);
+        self.retention_due
+            .extend(records.iter().map(|r| (r.window.clone(), r.scope.clone())));
         for publication in &publications {
-            self.shared.served.set_stale(&publication.window, false);
+            let (lists, rest): (Vec<_>, Vec<_>) = records
+                .into_iter()
+                .partition(|r| r.window == publication.window);
+            records = rest;
+            self.shared.served.publish(&publication.window, lists);
         }
-        self.shared.served.put(records);
         metrics
             .publish_seconds
             .observe(started.elapsed().as_secs_f64());

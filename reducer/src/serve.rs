@@ -66,6 +66,15 @@ impl Served {
         self.windows.iter().position(|w| w == window)
     }
 
+    /// Serves a window's new lists, which are fresh: its staleness flag is cleared first, so
+    /// nothing is rendered twice.
+    pub fn publish(&self, window: &str, records: impl IntoIterator<Item = RankingRecord>) {
+        if let Some(pos) = self.position(window) {
+            self.stale.write().unwrap_or_else(|e| e.into_inner())[pos] = false;
+        }
+        self.put(records);
+    }
+
     /// Serves these records from now on (each replaces its list's previous one).
     pub fn put(&self, records: impl IntoIterator<Item = RankingRecord>) {
         let stale = self.stale.read().unwrap_or_else(|e| e.into_inner()).clone();
