@@ -150,6 +150,12 @@ pub struct RecountSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 24))]
     pub max_concurrent: Option<u32>,
+    /// When an hour is recounted, its streaming 1h list is graded against the exact counts;
+    /// a recall@k below this (or an over-count beyond the list's bound) makes the metric
+    /// `Degraded`. Default 0.9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_recall: Option<f64>,
 }
 
 /// The recount settings with defaults applied (see [`TopKMetricSpec::recount_settings`]).
@@ -164,6 +170,7 @@ pub struct RecountSettings {
 const DEFAULT_RECOUNT_GRACE: Duration = Duration::from_millis(300_000);
 const DEFAULT_RECOUNT_BACKFILL: Duration = Duration::from_millis(24 * 3_600_000);
 const DEFAULT_RECOUNT_CONCURRENCY: u32 = 2;
+const DEFAULT_MIN_RECALL: f64 = 0.9;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -318,6 +325,10 @@ pub struct TopKMetricStatus {
     /// Progress of the hourly recount beyond `exactUntil`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recount: Option<RecountStatus>,
+    /// The newest recounted hour's streaming 1h list graded against its exact counts
+    /// (written by the reducer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grading: Option<GradingStatus>,
     /// The rescale step in progress and when it began, recorded before it acts so that a
     /// restarted operator keeps its deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -352,6 +363,47 @@ pub struct RecountFailure {
     pub last_failure: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GradingStatus {
+    /// Start of the graded hour (RFC 3339).
+    pub hour: String,
+    /// Share of the exact top k the streaming top k held (lowest over scopes).
+    pub recall_at_k: f64,
+    /// Largest amount a streaming count exceeded its exact count by.
+    pub max_overcount: u64,
+    /// The over-count bound the streaming list claimed.
+    pub overcount_bound: u64,
+    /// Largest difference between a key's streaming and exact rank in the top k.
+    pub max_rank_displacement: u32,
+}
+
+impl GradingStatus {
+    /// Why the graded hour makes the metric Degraded under `min_recall`, if it does.
+    pub fn problem(&self, min_recall: f64) -> Option<String> {
+        let mut problems = Vec::new();
+        if self.max_overcount > self.overcount_bound {
+            problems.push(format!(
+                "a count exceeded its exact value by {}, beyond the claimed bound {}",
+                self.max_overcount, self.overcount_bound
+            ));
+        }
+        if self.recall_at_k < min_recall {
+            problems.push(format!(
+                "recall@k {:.3} is below minRecall {min_recall}",
+                self.recall_at_k
+            ));
+        }
+        (!problems.is_empty()).then(|| {
+            format!(
+                "the streaming 1h list of hour {}: {}",
+                self.hour,
+                problems.join(" and ")
+            )
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RescaleStatus {
@@ -382,6 +434,9 @@ pub struct RankingSummary {
     pub as_of: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark: Option<String>,
+    /// Event time up to which the list's counts are exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_until: Option<String>,
     pub items: Vec<RankingSummaryItem>,
 }
 
@@ -456,6 +511,14 @@ impl TopKMetricSpec {
         }
     }
 
+    /// The recall@k under which a graded hour makes the metric `Degraded`.
+    pub fn min_recall(&self) -> f64 {
+        self.recount
+            .as_ref()
+            .and_then(|r| r.min_recall)
+            .unwrap_or(DEFAULT_MIN_RECALL)
+    }
+
     /// Validates the spec and turns it into the engine's configuration. Every problem found is
     /// reported at once, each naming the field and what to change.
     pub fn engine_config(&self) -> Result<EngineConfig, ApiError> {
@@ -518,6 +581,12 @@ impl TopKMetricSpec {
             problems.push(format!(
                 "spec.recount.grace ({}) must be at least allowedLateness ({lateness}), or the recount misses late events that the streaming path counts",
                 Duration::from_millis(recount.grace_ms)
+            ));
+        }
+        let min_recall = self.min_recall();
+        if !(0.0..=1.0).contains(&min_recall) {
+            problems.push(format!(
+                "spec.recount.minRecall must be between 0 and 1, got {min_recall}"
             ));
         }
         if recount.backfill_ms < 3_600_000 {
@@ -714,10 +783,15 @@ spec:
             grace: Some(Duration::from_millis(60_000)),
             backfill: None,
             max_concurrent: None,
+            min_recall: Some(1.5),
         });
         let err = spec.engine_config().unwrap_err().to_string();
         assert!(
             err.contains("spec.recount.grace (1m) must be at least allowedLateness (10m)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("spec.recount.minRecall must be between 0 and 1, got 1.5"),
             "{err}"
         );
     }

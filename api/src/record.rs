@@ -66,7 +66,7 @@ impl RankingRecord {
             watermark: format_rfc3339_ms(r.watermark_ms),
             as_of: format_rfc3339_ms(p.as_of_ms),
             version: p.version,
-            exact_until: exact_until(r),
+            exact_until: exact_until(r, None),
             stale: false,
             input_range: Vec::new(),
         }
@@ -80,13 +80,15 @@ impl RankingRecord {
     }
 }
 
-/// `exactUntil` of a streaming list: exact mode counts every accepted event, so the whole
-/// window is exact; approximate lists become exact only through the hourly recount.
-pub fn exact_until(r: &Ranking) -> Option<String> {
-    (r.mode == "exact")
-        .then_some(r.window_end_ms)
-        .flatten()
-        .map(format_rfc3339_ms)
+/// `exactUntil` of a list: exact mode counts every accepted event, so the whole window is
+/// exact; approximate lists are exact up to `recounted_until_ms`, the end of the run of
+/// recounted hours from the window's start, when there is one.
+pub fn exact_until(r: &Ranking, recounted_until_ms: Option<i64>) -> Option<String> {
+    if r.mode == "exact" {
+        r.window_end_ms.map(format_rfc3339_ms)
+    } else {
+        recounted_until_ms.map(format_rfc3339_ms)
+    }
 }
 
 /// One line of `GET /v1/rankings`.

@@ -450,6 +450,14 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     if let Some(message) = recount.failing {
         problems.push(("RecountFailing", message));
     }
+    // The reducer grades each recounted hour; the threshold is read from the live spec.
+    if let Some(message) = previous
+        .grading
+        .as_ref()
+        .and_then(|g| g.problem(metric.spec.min_recall()))
+    {
+        problems.push(("RankingInaccurate", message));
+    }
     for (reason, message) in problems.iter().skip(usize::from(topic_problem.is_some())) {
         if newly_degraded(&previous, reason) {
             event(ctx, metric, EventType::Warning, reason, message.clone()).await;

@@ -133,6 +133,7 @@ fn only_pipeline_changes_roll_the_pods() {
         grace: None,
         backfill: None,
         max_concurrent: Some(4),
+        min_recall: Some(0.5),
     });
     assert_eq!(
         hash_of(&base),

@@ -16,6 +16,8 @@ pub enum Error {
         scope: String,
         version: u64,
     },
+    #[error("exact hour {hour}: {reason}")]
+    IncompleteHour { hour: String, reason: String },
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("kubernetes API: {0}")]

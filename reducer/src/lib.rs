@@ -3,6 +3,8 @@
 //! `TopKMetric` status. `topk reducer` runs it.
 
 pub mod error;
+pub mod exact;
+pub mod hours;
 pub mod metrics;
 pub mod reducer;
 pub mod serve;
@@ -50,6 +52,7 @@ pub fn settings(
             shards: engine.shards,
             k: engine.k,
             windows: engine.windows.iter().map(|w| w.name.clone()).collect(),
+            window_lengths: engine.windows.iter().map(|w| w.length_ms).collect(),
         },
         bucket_ms: engine.windows.iter().map(|w| w.bucket_ms).collect(),
         deny_keys: spec.deny_keys.clone(),
@@ -69,6 +72,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/admin/rollback", post(rollback))
+        .route("/v1/grades", get(grades))
         .with_state(shared.clone())
         .merge(query_router(shared.served.clone()))
 }
@@ -82,6 +86,18 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         shared.metrics.encode(),
     )
         .into_response()
+}
+
+/// `GET /v1/grades`: the newest graded hours, oldest first.
+async fn grades(State(shared): State<Arc<Shared>>) -> Response {
+    let grades: Vec<exact::Grade> = shared
+        .grades
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    axum::Json(json!({ "grades": grades })).into_response()
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
@@ -157,7 +173,14 @@ pub async fn write_status_loop(shared: Arc<Shared>, target: StatusTarget) {
         tokio::time::sleep(target.every).await;
         let lists = shared.served.all();
         let records: Vec<_> = lists.iter().map(|e| &e.record).collect();
-        let Some(fields) = status::status_fields(&records, reducer::now_ms()) else {
+        let grade = shared
+            .grades
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .back()
+            .cloned();
+        let Some(fields) = status::status_fields(&records, grade.as_ref(), reducer::now_ms())
+        else {
             continue;
         };
         if last.as_ref() == Some(&fields) {

@@ -1,5 +1,7 @@
 //! Prometheus metrics of a reducer.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -44,6 +46,15 @@ pub struct ReducerMetrics {
     pub requests: Family<CodeLabel, Counter>,
     pub status_writes: Counter,
     pub kafka_errors: Counter,
+    pub exact_hours: Counter,
+    pub exact_hour_errors: Counter,
+    pub exact_until_seconds: Family<WindowLabel, Gauge>,
+    pub grade_recall: Gauge<f64, AtomicU64>,
+    pub grade_max_overcount: Gauge,
+    pub grade_overcount_bound: Gauge,
+    pub grade_rank_displacement: Gauge,
+    pub graded_hour_seconds: Gauge,
+    pub grade_bound_violations: Counter,
 }
 
 impl Default for ReducerMetrics {
@@ -62,6 +73,15 @@ impl Default for ReducerMetrics {
             requests: Family::default(),
             status_writes: Counter::default(),
             kafka_errors: Counter::default(),
+            exact_hours: Counter::default(),
+            exact_hour_errors: Counter::default(),
+            exact_until_seconds: Family::default(),
+            grade_recall: Gauge::default(),
+            grade_max_overcount: Gauge::default(),
+            grade_overcount_bound: Gauge::default(),
+            grade_rank_displacement: Gauge::default(),
+            graded_hour_seconds: Gauge::default(),
+            grade_bound_violations: Counter::default(),
             registry: Registry::default(),
         };
         for outcome in Outcome::ALL {
@@ -129,6 +149,51 @@ impl Default for ReducerMetrics {
             "kafka_errors",
             "Errors reported by the summaries consumer",
             m.kafka_errors.clone(),
+        );
+        r.register(
+            "exact_hours",
+            "Recounted hours made exact (reruns included)",
+            m.exact_hours.clone(),
+        );
+        r.register(
+            "exact_hour_errors",
+            "Exact-hours records skipped: unreadable, incomplete or of another metric",
+            m.exact_hour_errors.clone(),
+        );
+        r.register(
+            "exact_until_seconds",
+            "Unix time up to which the window's newest lists are exact (recounted)",
+            m.exact_until_seconds.clone(),
+        );
+        r.register(
+            "grade_recall",
+            "Recall@k of the last graded hour's streaming list (lowest over scopes)",
+            m.grade_recall.clone(),
+        );
+        r.register(
+            "grade_max_overcount",
+            "Largest over-count in the last graded hour's streaming list",
+            m.grade_max_overcount.clone(),
+        );
+        r.register(
+            "grade_overcount_bound",
+            "Over-count bound the last graded hour's streaming list claimed",
+            m.grade_overcount_bound.clone(),
+        );
+        r.register(
+            "grade_rank_displacement",
+            "Largest rank displacement in the last graded hour's top k",
+            m.grade_rank_displacement.clone(),
+        );
+        r.register(
+            "graded_hour_seconds",
+            "Unix time of the start of the last graded hour",
+            m.graded_hour_seconds.clone(),
+        );
+        r.register(
+            "grade_bound_violations",
+            "Graded hours whose streaming list exceeded its over-count bound",
+            m.grade_bound_violations.clone(),
         );
         Self { registry, ..m }
     }

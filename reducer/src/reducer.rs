@@ -1,10 +1,10 @@
 //! The reducer's loop: reads the summaries topic, feeds the merge state, and for every complete
 //! window end writes new versions, moves the pointers, and serves them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -14,15 +14,24 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use topk_api::RankingRecord;
 use topk_api::assignment::AssignmentTable;
-use topk_api::record::{SummaryRecord, exact_until};
+use topk_api::record::{ExactHourManifest, SummaryRecord, exact_until};
 use topk_api::topics::TopicNames;
-use topk_engine::event::format_rfc3339_ms;
+use topk_engine::Ranking;
+use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
 
 use crate::error::Error;
+use crate::exact::{Grade, HOUR_MS, LongParts, compose, grade, plan_hours};
+use crate::hours::{Hours, Ingested, union_tops};
 use crate::metrics::{MissingLabel, ReducerMetrics, WindowLabel};
 use crate::serve::Served;
 use crate::state::{Publication, ReducerConfig, ReducerState};
 use crate::store::{Meta, RankingStore, Retention};
+
+/// A long window's lists and the end of their exact run.
+type Composed = (Vec<Ranking>, Option<i64>);
+
+/// Grades kept for `GET /v1/grades` (two days of hours).
+const GRADES_KEPT: usize = 48;
 
 /// Messages handled between two looks at the table, publications and staleness.
 const HOUSEKEEPING_EVERY: u32 = 256;
@@ -46,12 +55,30 @@ pub struct ReducerSettings {
     pub keep_for: Duration,
 }
 
+impl ReducerSettings {
+    /// Whether a window's lists are sums of clock hours (whole hours long, or all-time, and
+    /// published on hour boundaries), so that recounted hours can replace their estimates.
+    pub fn composable(&self, window: usize) -> bool {
+        let whole_hours = |ms: i64| ms > 0 && ms % HOUR_MS == 0;
+        let length = self.merge.window_lengths.get(window).copied().flatten();
+        self.bucket_ms.get(window).is_some_and(|b| whole_hours(*b))
+            && length.is_none_or(whole_hours)
+    }
+
+    /// Keys kept per scope of an exact hour as candidates and for grading.
+    pub fn tops_size(&self) -> usize {
+        (4 * self.merge.k).max(100)
+    }
+}
+
 /// State shared with the HTTP endpoints.
 pub struct Shared {
     pub served: Arc<Served>,
     pub metrics: ReducerMetrics,
     pub store: Arc<RankingStore>,
     pub ready: AtomicBool,
+    /// The newest grades, oldest first.
+    pub grades: Mutex<VecDeque<Grade>>,
 }
 
 pub struct Reducer {
@@ -67,6 +94,11 @@ pub struct Reducer {
     /// (it reads every stored version of a list).
     retention_due: BTreeSet<(String, String)>,
     last_retention: Instant,
+    hours: Hours,
+    deny: BTreeSet<String>,
+    /// Per composable window, its last publication as merged from the summaries, composed
+    /// again when an hour in it becomes exact.
+    last_streaming: BTreeMap<usize, Publication>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -92,6 +124,7 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
         metrics,
         store: Arc::new(store),
         ready: AtomicBool::new(false),
+        grades: Mutex::new(VecDeque::new()),
     });
     Ok(shared)
 }
@@ -129,18 +162,22 @@ impl Reducer {
             .set("fetch.queue.backoff.ms", "10")
             .create()?;
         let start = meta.resume_offset.unwrap_or(0);
+        let hours = Hours::load(shared.store.clone(), settings.tops_size())?;
+        let exact_start = hours.resume_offset()?.unwrap_or(0);
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&settings.topics.summaries, 0, Offset::Offset(start))?;
+        tpl.add_partition_offset(&settings.topics.exact_hours, 0, Offset::Offset(exact_start))?;
         consumer.assign(&tpl)?;
         tracing::info!(
             from = start,
+            exact_hours_from = exact_start,
+            exact_hours = hours.exact_hours(),
             lists = shared.served.all().len(),
             "reducer started; serving the stored lists while the pending summaries are read again"
         );
         shared.ready.store(true, Ordering::SeqCst);
         let windows = settings.merge.windows.len();
         Ok(Self {
-            settings,
             state,
             shared,
             consumer,
@@ -150,6 +187,10 @@ impl Reducer {
             next_offset: start,
             retention_due: BTreeSet::new(),
             last_retention: Instant::now(),
+            deny: settings.deny_keys.iter().cloned().collect(),
+            hours,
+            last_streaming: BTreeMap::new(),
+            settings,
         })
     }
 
@@ -159,6 +200,15 @@ impl Reducer {
         let mut last_housekeeping = Instant::now();
         while !stop.load(Ordering::SeqCst) {
             match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(msg)) if msg.topic() == self.settings.topics.exact_hours => {
+                    // Rare and possibly large: owned, so the consumer can be polled again.
+                    let msg = msg.detach();
+                    self.exact_hours_record(
+                        msg.key(),
+                        msg.payload().unwrap_or_default(),
+                        msg.offset(),
+                    )?;
+                }
                 Some(Ok(msg)) => {
                     self.next_offset = msg.offset() + 1;
                     let payload = msg.payload().unwrap_or_default();
@@ -202,8 +252,13 @@ impl Reducer {
             }
         }
         let publications = self.state.publish_ready();
+        let hours = self.state.take_hours();
+        self.hours.put_streaming(&hours)?;
+        for hour in &hours {
+            self.grade_hour(hour.hour_ms)?;
+        }
         if !publications.is_empty() {
-            self.publish(publications)?;
+            self.publish(publications, false)?;
         }
         if self.last_retention.elapsed() >= RETENTION_EVERY {
             self.apply_retention()?;
@@ -254,6 +309,19 @@ impl Reducer {
         for (window, scope) in std::mem::take(&mut self.retention_due) {
             self.shared.store.retain(&window, &scope, policy)?;
         }
+        // Hour detail is kept for the longest sliding window, plus two hours for grading.
+        let longest = self
+            .settings
+            .merge
+            .window_lengths
+            .iter()
+            .flatten()
+            .max()
+            .copied()
+            .unwrap_or(0);
+        if let Some(newest) = self.hours.newest_exact() {
+            self.hours.retain(newest - longest - 2 * HOUR_MS)?;
+        }
         self.last_retention = Instant::now();
         Ok(())
     }
@@ -269,24 +337,47 @@ impl Reducer {
     }
 
     /// Writes the versions, then moves the pointers (with the new resume offset), then serves
-    /// them, then applies retention.
-    fn publish(&mut self, publications: Vec<Publication>) -> Result<(), Error> {
+    /// them. Lists of composable windows are first made of their exact and open hours. A
+    /// `republish` (an hour became exact) does not count as news from the shards.
+    fn publish(&mut self, publications: Vec<Publication>, republish: bool) -> Result<(), Error> {
         let started = Instant::now();
         let as_of = format_rfc3339_ms(now_ms());
         let mut records = Vec::new();
         let mut meta = Meta::default();
-        for publication in &publications {
+        let mut publications = publications;
+        for publication in &mut publications {
             meta.published_ends
                 .insert(publication.window.clone(), publication.window_end_ms);
-            if let Some(w) = self
+            let Some(w) = self
                 .settings
                 .merge
                 .windows
                 .iter()
                 .position(|n| *n == publication.window)
-            {
+            else {
+                continue;
+            };
+            if !republish {
                 self.last_published[w] = Instant::now();
             }
+            if self.settings.composable(w) {
+                self.last_streaming.insert(w, publication.clone());
+                if let Some((rankings, until)) = self.compose_window(w, publication)? {
+                    publication.rankings = rankings;
+                    publication.exact_until_ms = until;
+                }
+                if let Some(until) = publication.exact_until_ms {
+                    self.shared
+                        .metrics
+                        .exact_until_seconds
+                        .get_or_create(&WindowLabel {
+                            window: publication.window.clone(),
+                        })
+                        .set(until / 1000);
+                }
+            }
+        }
+        for publication in &publications {
             for ranking in &publication.rankings {
                 records.push(RankingRecord {
                     metric: ranking.metric.clone(),
@@ -300,7 +391,7 @@ impl Reducer {
                     watermark: format_rfc3339_ms(ranking.watermark_ms),
                     as_of: as_of.clone(),
                     version: self.next_version(&ranking.window, &ranking.scope)?,
-                    exact_until: exact_until(ranking),
+                    exact_until: exact_until(ranking, publication.exact_until_ms),
                     stale: false,
                     input_range: publication.input_range.clone(),
                 });
@@ -324,6 +415,202 @@ impl Reducer {
         metrics
             .publish_seconds
             .observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// A long window's lists at one end as exact closed hours plus the open hours' streaming
+    /// estimates, with the end of the exact run; `None` keeps the streaming lists (no hour of
+    /// the window is exact yet, or one is unknown).
+    fn compose_window(
+        &self,
+        w: usize,
+        publication: &Publication,
+    ) -> Result<Option<Composed>, Error> {
+        let hours = &self.hours;
+        let end = publication.window_end_ms;
+        let first = hours.first_data_hour();
+        let all_time = self.settings.merge.window_lengths[w].is_none();
+        let start = match (self.settings.merge.window_lengths[w], first) {
+            (Some(length), _) => end - length,
+            (None, Some(first)) => first.min(end),
+            (None, None) => return Ok(None),
+        };
+        let Some(plan) = plan_hours(start, end, first, |h| hours.state(h)) else {
+            return Ok(None);
+        };
+        // The all-time exact part is the sum over every exact hour: only usable up to `end`.
+        if all_time && hours.newest_exact().is_some_and(|h| h >= end) {
+            return Ok(None);
+        }
+        let mut open = Vec::with_capacity(plan.open.len());
+        for hour in &plan.open {
+            match hours.streaming(*hour)? {
+                Some(list) => open.push(list),
+                None => return Ok(None),
+            }
+        }
+        let denied = |key: &str| self.deny.contains(key);
+        let k = self.settings.merge.k;
+        let rankings = if all_time {
+            let parts = LongParts {
+                streaming: &publication.rankings,
+                exact_candidates: hours.all_time_tops(),
+                open: &open,
+                k,
+            };
+            compose(&parts, &denied, |scope, key| {
+                hours.all_time_count(scope, key)
+            })?
+        } else {
+            let mut tops = Vec::with_capacity(plan.exact.len());
+            for hour in &plan.exact {
+                tops.push(hours.tops(*hour)?);
+            }
+            let candidates = union_tops(tops);
+            let parts = LongParts {
+                streaming: &publication.rankings,
+                exact_candidates: &candidates,
+                open: &open,
+                k,
+            };
+            compose(&parts, &denied, |scope, key| {
+                plan.exact
+                    .iter()
+                    .map(|hour| hours.exact_count(*hour, scope, key))
+                    .sum::<Result<u64, Error>>()
+            })?
+        };
+        Ok(Some((rankings, plan.exact_until_ms)))
+    }
+
+    /// One record of the exact-hours topic: a chunk is staged, a manifest makes its hour exact.
+    /// Records that cannot be used are counted, logged and skipped.
+    fn exact_hours_record(
+        &mut self,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        offset: i64,
+    ) -> Result<(), Error> {
+        let key = key.and_then(|k| std::str::from_utf8(k).ok()).unwrap_or("");
+        let parsed = key
+            .rsplit_once('/')
+            .and_then(|(hour, part)| Some((hour, parse_rfc3339_ms(hour)?, part)));
+        let skip = |this: &mut Self, why: String| -> Result<(), Error> {
+            this.shared.metrics.exact_hour_errors.inc();
+            tracing::warn!(key, offset, why, "exact-hours record skipped");
+            this.hours.skip_to(offset + 1)
+        };
+        let Some((hour, hour_ms, part)) = parsed else {
+            return skip(self, "the key is not HOUR/CHUNK or HOUR/manifest".into());
+        };
+        if part != "manifest" {
+            return match part.parse::<u32>() {
+                Ok(chunk) => self.hours.stage_chunk(hour_ms, chunk, payload),
+                Err(_) => skip(self, format!("unknown part {part:?}")),
+            };
+        }
+        let manifest: ExactHourManifest = match serde_json::from_slice(payload) {
+            Ok(m) => m,
+            Err(err) => return skip(self, format!("unreadable manifest: {err}")),
+        };
+        if manifest.metric != self.settings.merge.metric || manifest.hour != hour {
+            return skip(
+                self,
+                format!("manifest of {} {}", manifest.metric, manifest.hour),
+            );
+        }
+        match self.hours.ingest(hour_ms, &manifest, offset + 1) {
+            Ok(ingested) => self.hour_became_exact(ingested, &manifest),
+            Err(err @ (Error::IncompleteHour { .. } | Error::Json(_))) => {
+                skip(self, err.to_string())
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Grades the hour and composes again every window that holds it.
+    fn hour_became_exact(
+        &mut self,
+        ingested: Ingested,
+        manifest: &ExactHourManifest,
+    ) -> Result<(), Error> {
+        let hour = ingested.hour_ms;
+        self.shared.metrics.exact_hours.inc();
+        tracing::info!(
+            hour = manifest.hour,
+            counted = manifest.counted,
+            keys = manifest.keys,
+            replaced = ingested.replaced,
+            "hour is exact"
+        );
+        self.grade_hour(hour)?;
+        let affected: Vec<Publication> = self
+            .last_streaming
+            .iter()
+            .filter(|(w, p)| {
+                let start = self.settings.merge.window_lengths[**w]
+                    .map_or(i64::MIN, |length| p.window_end_ms - length);
+                (start..p.window_end_ms).contains(&hour)
+            })
+            .map(|(_, p)| p.clone())
+            .collect();
+        if !affected.is_empty() {
+            self.publish(affected, true)?;
+        }
+        Ok(())
+    }
+
+    /// Grades the hour's streaming list against its exact counts, once both are known.
+    fn grade_hour(&mut self, hour_ms: i64) -> Result<(), Error> {
+        if !self.hours.is_exact(hour_ms) {
+            return Ok(());
+        }
+        let Some(streaming) = self.hours.streaming(hour_ms)? else {
+            return Ok(());
+        };
+        let tops = self.hours.tops(hour_ms)?;
+        let hours = &self.hours;
+        let denied = |key: &str| self.deny.contains(key);
+        let result = grade(
+            &streaming,
+            &tops,
+            self.settings.merge.k,
+            &denied,
+            |scope, key| hours.exact_count(hour_ms, scope, key),
+        )?;
+        let metrics = &self.shared.metrics;
+        metrics.grade_recall.set(result.recall_at_k);
+        metrics.grade_max_overcount.set(result.max_overcount as i64);
+        metrics
+            .grade_overcount_bound
+            .set(result.overcount_bound as i64);
+        metrics
+            .grade_rank_displacement
+            .set(i64::from(result.max_rank_displacement));
+        metrics.graded_hour_seconds.set(hour_ms / 1000);
+        if result.bound_violated {
+            metrics.grade_bound_violations.inc();
+        }
+        if result.bound_violated {
+            tracing::warn!(
+                hour = format_rfc3339_ms(hour_ms),
+                recall = result.recall_at_k,
+                overcount = result.max_overcount,
+                bound = result.overcount_bound,
+                "the streaming list of the hour fell short of its exact counts"
+            );
+        }
+        let mut grades = self
+            .shared
+            .grades
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        grades.retain(|g| g.hour_ms != hour_ms);
+        grades.push_back(result);
+        grades.make_contiguous().sort_by_key(|g| g.hour_ms);
+        while grades.len() > GRADES_KEPT {
+            grades.pop_front();
+        }
         Ok(())
     }
 }

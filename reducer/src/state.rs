@@ -11,8 +11,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use topk_api::assignment::AssignmentTable;
 use topk_api::record::{ShardOffset, SummaryRecord};
-use topk_engine::summary::merge_known;
+use topk_engine::summary::{KeyCount, merge_known};
 use topk_engine::{Ranking, ShardSummary};
+
+use crate::exact::{HOUR_MS, StreamingHour};
 
 /// Window ends kept waiting per window; past it the oldest is dropped (and counted).
 pub const MAX_PENDING_ENDS: usize = 4096;
@@ -29,6 +31,9 @@ pub struct ReducerConfig {
     pub k: usize,
     /// Window names in the spec's order.
     pub windows: Vec<String>,
+    /// Their lengths (`None`: all-time), same order. Lists of a one-hour window that end on an
+    /// hour are kept as the streaming lists of clock hours.
+    pub window_lengths: Vec<Option<i64>>,
 }
 
 /// What became of an offered summary; `as_str` is its metric label.
@@ -89,6 +94,8 @@ pub struct Publication {
     /// One list per scope, ordered by scope.
     pub rankings: Vec<Ranking>,
     pub input_range: Vec<ShardOffset>,
+    /// End of the recounted hours a long list is exact until (set when composed).
+    pub exact_until_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -116,6 +123,10 @@ pub struct ReducerState {
     deny: BTreeSet<String>,
     /// Pending ends and quarantined summaries dropped because their bound was reached.
     dropped: u64,
+    /// The window whose lists ending on an hour are that hour's streaming lists.
+    hour_window: Option<usize>,
+    /// Clock hours completed since [`Self::take_hours`] last ran.
+    completed_hours: Vec<StreamingHour>,
 }
 
 impl ReducerState {
@@ -128,6 +139,7 @@ impl ReducerState {
                 ..WindowState::default()
             })
             .collect();
+        let hour_window = cfg.window_lengths.iter().position(|l| *l == Some(HOUR_MS));
         Self {
             cfg,
             table: None,
@@ -135,6 +147,8 @@ impl ReducerState {
             quarantine: VecDeque::new(),
             deny: BTreeSet::new(),
             dropped: 0,
+            hour_window,
+            completed_hours: Vec::new(),
         }
     }
 
@@ -264,6 +278,20 @@ impl ReducerState {
             else {
                 continue;
             };
+            if self.hour_window == Some(w) {
+                // Every complete end on an hour, also those the newest end overtakes.
+                for (hour_end, by_shard) in window.pending.range(..=end) {
+                    if hour_end.rem_euclid(HOUR_MS) == 0 && by_shard.len() == shards {
+                        let summaries: Vec<&ShardSummary> =
+                            by_shard.values().map(|p| &p.summary).collect();
+                        self.completed_hours.push(streaming_hour(
+                            &summaries,
+                            hour_end - HOUR_MS,
+                            &self.deny,
+                        ));
+                    }
+                }
+            }
             let Some(complete) = window.pending.remove(&end) else {
                 continue;
             };
@@ -289,9 +317,15 @@ impl ReducerState {
                         offset: p.input_offset,
                     })
                     .collect(),
+                exact_until_ms: None,
             });
         }
         out
+    }
+
+    /// The clock hours whose streaming lists completed since the last call, oldest first.
+    pub fn take_hours(&mut self) -> Vec<StreamingHour> {
+        std::mem::take(&mut self.completed_hours)
     }
 
     /// The newest window end any shard reported beyond the published one, and the shards that
@@ -323,10 +357,43 @@ impl ReducerState {
     }
 }
 
+/// Every candidate of one clock hour, merged over the shards, without denied keys.
+fn streaming_hour(
+    summaries: &[&ShardSummary],
+    hour_ms: i64,
+    deny: &BTreeSet<String>,
+) -> StreamingHour {
+    let merged = merge_known(
+        summaries,
+        usize::MAX,
+        &|key| deny.contains(key),
+        &mut BTreeSet::new(),
+    );
+    StreamingHour {
+        hour_ms,
+        max_overcount: summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0),
+        total: summaries.iter().map(|s| s.total).sum(),
+        scopes: merged
+            .into_iter()
+            .map(|r| {
+                let items = r
+                    .items
+                    .into_iter()
+                    .map(|i| KeyCount {
+                        key: i.key,
+                        count: i.count,
+                    })
+                    .collect();
+                (r.scope, items)
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use topk_api::assignment::ShardOwner;
-    use topk_engine::summary::{KeyCount, ScopeItems};
+    use topk_engine::summary::ScopeItems;
 
     use super::*;
 
@@ -337,6 +404,7 @@ mod tests {
             shards: 2,
             k: 3,
             windows: vec!["1m".into()],
+            window_lengths: vec![Some(60_000)],
         }
     }
 

@@ -1,6 +1,6 @@
 //! The ranking summary in the `TopKMetric` status: the top few of each window's global list,
 //! its `asOf` and watermark, the leader and the watermark lag, so that `kubectl get tkm`
-//! shows who leads. Written with server-side apply under the reducer's own field manager, so
+//! shows who leads, and the newest grade of the streaming path. Written with server-side apply under the reducer's own field manager, so
 //! the operator's fields are never touched (nor touch these).
 
 use std::time::Duration;
@@ -8,19 +8,25 @@ use std::time::Duration;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
+use topk_api::manifest::GradingStatus;
 use topk_api::{RankingRecord, TopKMetric};
-use topk_engine::event::parse_rfc3339_ms;
+use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
 
 use crate::error::Error;
+use crate::exact::Grade;
 
 /// Field manager of the reducer's status fields.
 pub const STATUS_MANAGER: &str = "topk-reducer";
 /// Items per window in the status; the full lists are in the query API.
 pub const STATUS_ITEMS: usize = 5;
 
-/// The status fields for the global (`""` scope) lists, in window order. `None` before any
-/// list exists. Pure: `now_ms` is the clock.
-pub fn status_fields(lists: &[&RankingRecord], now_ms: i64) -> Option<Value> {
+/// The status fields for the global (`""` scope) lists, in window order, and the newest
+/// grade. `None` before any list exists. Pure: `now_ms` is the clock.
+pub fn status_fields(
+    lists: &[&RankingRecord],
+    grade: Option<&Grade>,
+    now_ms: i64,
+) -> Option<Value> {
     let global: Vec<&RankingRecord> = lists
         .iter()
         .copied()
@@ -34,6 +40,7 @@ pub fn status_fields(lists: &[&RankingRecord], now_ms: i64) -> Option<Value> {
                 "window": r.window,
                 "asOf": r.as_of,
                 "watermark": r.watermark,
+                "exactUntil": r.exact_until,
                 "items": r.items.iter().take(STATUS_ITEMS).map(|i| json!({
                     "rank": i.rank, "key": i.key, "count": i.count,
                 })).collect::<Vec<_>>(),
@@ -42,10 +49,18 @@ pub fn status_fields(lists: &[&RankingRecord], now_ms: i64) -> Option<Value> {
         .collect();
     let lag = parse_rfc3339_ms(&first.watermark)
         .map(|wm| topk_api::Duration::from_millis((now_ms - wm).max(0) / 1000 * 1000).to_string());
+    let grading = grade.map(|g| GradingStatus {
+        hour: format_rfc3339_ms(g.hour_ms),
+        recall_at_k: g.recall_at_k,
+        max_overcount: g.max_overcount,
+        overcount_bound: g.overcount_bound,
+        max_rank_displacement: g.max_rank_displacement,
+    });
     Some(json!({
         "rankings": rankings,
         "leader": first.items.first().map(|i| i.key.clone()),
         "watermarkLag": lag,
+        "grading": grading,
     }))
 }
 

@@ -4,7 +4,8 @@
 //! Keys are length-prefixed so that any scope string is safe:
 //! `v | metric | window | scope | version (u64 BE)` -> the record as JSON,
 //! `p | metric | window | scope` -> the version readers get,
-//! `m | name` -> reducer bookkeeping (published window ends, resume offset).
+//! `m | name` -> reducer bookkeeping (published window ends, resume offsets).
+//! The exact and streaming hours live in the same database (see [`crate::hours`]).
 //! A crash after writing versions and before moving pointers leaves readers on the previous
 //! versions; the orphaned versions are never pointed to and age out with retention.
 
@@ -45,18 +46,18 @@ pub struct RankingStore {
     metric: String,
 }
 
-fn push_part(key: &mut Vec<u8>, part: &str) {
+pub(crate) fn push_part(key: &mut Vec<u8>, part: &str) {
     key.extend_from_slice(&(part.len() as u32).to_be_bytes());
     key.extend_from_slice(part.as_bytes());
 }
 
-fn read_part(key: &[u8]) -> Option<(&str, &[u8])> {
+pub(crate) fn read_part(key: &[u8]) -> Option<(&str, &[u8])> {
     let len = u32::from_be_bytes(key.get(..4)?.try_into().ok()?) as usize;
     let part = std::str::from_utf8(key.get(4..4 + len)?).ok()?;
     Some((part, &key[4 + len..]))
 }
 
-fn sync() -> WriteOptions {
+pub(crate) fn sync() -> WriteOptions {
     let mut options = WriteOptions::default();
     options.set_sync(true);
     options
@@ -73,6 +74,10 @@ impl RankingStore {
         })
     }
 
+    pub(crate) fn db(&self) -> &DB {
+        &self.db
+    }
+
     fn list_key(&self, tag: u8, window: &str, scope: &str) -> Vec<u8> {
         let mut key = vec![tag];
         push_part(&mut key, &self.metric);
@@ -87,7 +92,7 @@ impl RankingStore {
         key
     }
 
-    fn meta_key(name: &str) -> Vec<u8> {
+    pub(crate) fn meta_key(name: &str) -> Vec<u8> {
         let mut key = vec![META];
         key.extend_from_slice(name.as_bytes());
         key
@@ -126,7 +131,7 @@ impl RankingStore {
         Ok(())
     }
 
-    fn read_i64(&self, key: &[u8]) -> Result<Option<i64>, Error> {
+    pub(crate) fn read_i64(&self, key: &[u8]) -> Result<Option<i64>, Error> {
         Ok(self
             .db
             .get(key)?

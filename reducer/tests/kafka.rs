@@ -187,7 +187,11 @@ fn reducer_merges_fences_serves_and_recovers() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let name = unique_name("plays");
     let topics = TopicNames::of("test", &name);
-    runtime.block_on(env.create_topic(&topics.summaries, 1, &[]));
+    runtime.block_on(async {
+        env.create_topic(&topics.summaries, 1, &[]).await;
+        env.create_topic(&topics.exact_hours, 1, &[("cleanup.policy", "compact")])
+            .await;
+    });
     let dir = tempfile::tempdir().expect("tempdir");
     let settings = ReducerSettings {
         name: name.clone(),
@@ -197,6 +201,7 @@ fn reducer_merges_fences_serves_and_recovers() {
             shards: 2,
             k: 3,
             windows: vec!["1m".into()],
+            window_lengths: vec![Some(60_000)],
         },
         bucket_ms: vec![100],
         deny_keys: vec!["banned".into()],

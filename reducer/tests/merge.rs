@@ -171,6 +171,7 @@ proptest! {
                 shards: SHARDS,
                 k: K,
                 windows: cfg.windows.iter().map(|w| w.name.clone()).collect(),
+                window_lengths: cfg.windows.iter().map(|w| w.length_ms).collect(),
             },
             &[None, None, None],
         );

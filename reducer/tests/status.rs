@@ -40,7 +40,7 @@ fn list(window: &str, scope: &str, keys: usize) -> RankingRecord {
 #[test]
 fn status_fields_are_bounded_and_global_only() {
     let (a, b, eu) = (list("1h", "", 20), list("24h", "", 2), list("1h", "eu", 9));
-    let fields = status_fields(&[&a, &eu, &b], NOW).expect("fields");
+    let fields = status_fields(&[&a, &eu, &b], None, NOW).expect("fields");
     let rankings = fields["rankings"].as_array().expect("rankings");
     assert_eq!(rankings.len(), 2);
     assert_eq!(rankings[0]["window"], "1h");
@@ -51,7 +51,7 @@ fn status_fields_are_bounded_and_global_only() {
     assert_eq!(rankings[1]["items"].as_array().map(Vec::len), Some(2));
     assert_eq!(fields["leader"], "song-0");
     assert_eq!(fields["watermarkLag"], "4s");
-    assert!(status_fields(&[&eu], NOW).is_none());
+    assert!(status_fields(&[&eu], None, NOW).is_none());
 }
 
 #[tokio::test]
@@ -89,7 +89,7 @@ async fn the_reducer_and_the_operator_share_the_status() {
         &client,
         &ns,
         &name,
-        status_fields(&[&first], NOW).expect("fields"),
+        status_fields(&[&first], None, NOW).expect("fields"),
     )
     .await
     .expect("reducer status");
@@ -104,7 +104,7 @@ async fn the_reducer_and_the_operator_share_the_status() {
         &client,
         &ns,
         &name,
-        status_fields(&[&second], NOW).expect("fields"),
+        status_fields(&[&second], None, NOW).expect("fields"),
     )
     .await
     .expect("reducer status again");
