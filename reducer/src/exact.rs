@@ -475,7 +475,7 @@ mod tests {
                         *exact_counts.entry((scope.clone(), key.clone())).or_default() += n;
                     }
                     for (scope, items) in all {
-                        tops.entry(scope).or_insert_with(Vec::new).extend(items);
+                        tops.entry(scope).or_default().extend(items);
                     }
                 } else {
                     open.push(StreamingHour {
