@@ -1,0 +1,344 @@
+//! The exact path end to end on the test environment's broker: three closed hours of events
+//! through two `topk worker` processes and a `topk reducer`, then `topk recount` hour by hour.
+//! The 24h and all-time lists move from streaming estimates to the exact counts, `exactUntil`
+//! advances one hour per recount, and each recounted hour's streaming 1h list is graded: the
+//! hour with re-delivered events (same `event_id`, counted twice by the streaming path, once
+//! by the recount) shows the known over-count, recall and rank displacement.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use serde_json::Value;
+use topk_api::topics::TopicNames;
+use topk_engine::event::format_rfc3339_ms;
+use topk_engine::partition::message_key;
+use topk_engine::summary::rank_order;
+use topk_testenv::{TestEnv, unique_name};
+
+const SHARDS: u32 = 2;
+const K: usize = 5;
+const HOUR: i64 = 3_600_000;
+const WAIT: Duration = Duration::from_secs(120);
+/// Times `song-0` is re-delivered in the second hour.
+const REDELIVERED: u64 = 100;
+
+/// A process killed when dropped (also when the test fails).
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
+    format!(
+        r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {{name: {name}}}
+spec:
+  metric: plays
+  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
+  shards: {SHARDS}
+  k: {K}
+  mode: approximate
+  sketch: {{epsilon: 0.001, delta: 0.001, candidates: 20}}
+  allowedLateness: 1s
+  recount: {{grace: 1m}}
+  windows:
+    - {{name: 1h, length: 1h, bucket: 5m}}
+    - {{name: 24h, length: 24h, bucket: 1h}}
+    - {{name: all, allTime: true, bucket: 1h}}
+"#
+    )
+}
+
+/// One event: (event time, scope, key, event id).
+type Event = (i64, &'static str, String, String);
+
+/// Hour `h` (0, 1, 2) of the stream: in the global scope `song-i` is played `5 (i + 1) + h`
+/// times, in `eu` `eu-song-j` `2 (j + 1)` times, spread evenly over the hour.
+fn hour_events(start: i64, h: i64) -> Vec<Event> {
+    let mut plays: Vec<(&'static str, String)> = Vec::new();
+    for i in 0..9 {
+        for _ in 0..5 * (i + 1) + h {
+            plays.push(("", format!("song-{i}")));
+        }
+    }
+    for j in 0..3 {
+        for _ in 0..2 * (j + 1) {
+            plays.push(("eu", format!("eu-song-{j}")));
+        }
+    }
+    // Interleave the keys deterministically so every part of the hour sees most of them.
+    let n = plays.len() as i64;
+    let mut events: Vec<Event> = plays
+        .into_iter()
+        .enumerate()
+        .map(|(i, (scope, key))| {
+            let slot = (i as i64 * 7919) % n;
+            let time = start + 1_000 + slot * (HOUR - 2_000) / n;
+            (time, scope, key, format!("h{h}-e{i}"))
+        })
+        .collect();
+    events.sort();
+    events
+}
+
+fn items(list: &Value) -> Vec<(String, u64)> {
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|i| {
+                    (
+                        i["key"].as_str().unwrap_or_default().to_owned(),
+                        i["count"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The exact top k per scope of counts.
+fn top(counts: &BTreeMap<(String, String), u64>, scope: &str) -> Vec<(String, u64)> {
+    let mut list: Vec<(String, u64)> = counts
+        .iter()
+        .filter(|((s, _), _)| s == scope)
+        .map(|((_, key), count)| (key.clone(), *count))
+        .collect();
+    list.sort_by(|a, b| rank_order(&a.0, a.1, &b.0, b.1));
+    list.truncate(K);
+    list
+}
+
+#[test]
+fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
+    let Some(env) = TestEnv::get("exact path end to end") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let ns = "exact";
+    let name = unique_name("plays");
+    let input = unique_name("plays-input");
+    let topics = TopicNames::of(ns, &name);
+    runtime.block_on(async {
+        env.create_topic(&input, SHARDS as i32, &[]).await;
+        env.create_topic(&topics.summaries, 1, &[]).await;
+        env.create_topic(
+            &topics.snapshots,
+            SHARDS as i32,
+            &[("cleanup.policy", "compact")],
+        )
+        .await;
+        env.create_topic(&topics.exact_hours, 1, &[("cleanup.policy", "compact")])
+            .await;
+        env.create_topic(&topics.dead_letters, 1, &[]).await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("metric.yaml");
+    std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+    let assignment = dir.path().join("assignment.json");
+    let table = serde_json::json!({"version": 1, "shards": [
+        {"shard": 0, "worker": 0, "epoch": 1},
+        {"shard": 1, "worker": 1, "epoch": 1},
+    ]});
+    std::fs::write(&assignment, table.to_string()).expect("assignment");
+    let config_arg = config.to_str().expect("utf-8 path").to_owned();
+    let assignment_arg = assignment.to_str().expect("utf-8 path").to_owned();
+
+    // Three closed hours before the current one.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let first_hour = now.div_euclid(HOUR) * HOUR - 3 * HOUR;
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    // What the recount must find: each event_id once.
+    let mut exact: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for h in 0..3 {
+        let mut hour_counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for (time, scope, key, id) in hour_events(first_hour + h * HOUR, h) {
+            // In the second hour song-0 is delivered again and again right after its first
+            // play: the same event, which only the recount recognises.
+            let copies = if h == 1
+                && key == "song-0"
+                && !hour_counts.contains_key(&(String::new(), key.clone()))
+            {
+                1 + REDELIVERED
+            } else {
+                1
+            };
+            let payload = serde_json::json!({
+                "event_time": time, "metric": "plays", "scope": scope, "key": key, "event_id": id,
+            })
+            .to_string();
+            let mkey = message_key("plays", scope, &key);
+            for _ in 0..copies {
+                producer
+                    .send(
+                        BaseRecord::to(&input)
+                            .key(&mkey)
+                            .payload(&payload)
+                            .timestamp(time),
+                    )
+                    .expect("enqueue");
+            }
+            *hour_counts
+                .entry((scope.to_owned(), key.clone()))
+                .or_default() += 1;
+            *exact.entry((scope.to_owned(), key)).or_default() += 1;
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let worker = |ordinal: u32| {
+        Process(
+            common::topk()
+                .args(["worker", "--config", &config_arg, "--namespace", ns])
+                .args(["--ordinal", &ordinal.to_string()])
+                .args(["--assignment-file", &assignment_arg])
+                .arg("--state-dir")
+                .arg(dir.path().join(format!("worker-{ordinal}")))
+                .args(["--listen", "127.0.0.1:0", "--checkpoint-interval", "200ms"])
+                .args(["--idle-timeout", "1s"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start topk worker"),
+        )
+    };
+    let reducer_state = dir.path().join("reducer");
+    let reducer = common::spawn(&[
+        "reducer",
+        "--config",
+        &config_arg,
+        "--namespace",
+        ns,
+        "--assignment-file",
+        &assignment_arg,
+        "--state-dir",
+        reducer_state.to_str().expect("utf-8 path"),
+    ]);
+    let _workers = [worker(0), worker(1)];
+
+    let list = |window: &str, scope: &str| -> Option<Value> {
+        let (status, body) = common::get(&format!(
+            "{}/v1/rankings/plays?window={window}&scope={scope}",
+            reducer.base
+        ));
+        (status == 200).then(|| serde_json::from_str(&body).expect("json"))
+    };
+    let third_hour_end = format_rfc3339_ms(first_hour + 3 * HOUR);
+    // Streaming first: the long lists cover the three hours, re-deliveries included, and
+    // nothing is exact yet.
+    let exact_song0 = exact[&(String::new(), "song-0".to_owned())];
+    for window in ["24h", "all"] {
+        let streamed = common::await_some("the streaming long lists", WAIT, || {
+            list(window, "").filter(|l| l["windowEnd"].as_str() >= Some(third_hour_end.as_str()))
+        });
+        assert!(streamed.get("exactUntil").is_none(), "{streamed}");
+        let song0 = items(&streamed).into_iter().find(|i| i.0 == "song-0");
+        assert!(
+            song0.is_some_and(|i| i.1 >= exact_song0 + REDELIVERED),
+            "{streamed}"
+        );
+    }
+
+    for h in 0..3 {
+        let hour = format_rfc3339_ms(first_hour + h * HOUR);
+        let out = common::topk()
+            .args(["recount", "--config", &config_arg, "--namespace", ns])
+            .args(["--hour", &hour])
+            .arg("--spill-dir")
+            .arg(dir.path().join("spill"))
+            .arg("--termination-log")
+            .arg(dir.path().join("termination-log"))
+            .output()
+            .expect("run topk recount");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let until = format_rfc3339_ms(first_hour + (h + 1) * HOUR);
+        for window in ["24h", "all"] {
+            let composed =
+                common::await_some(&format!("{window} exact until {until}"), WAIT, || {
+                    list(window, "").filter(|l| l["exactUntil"].as_str() == Some(until.as_str()))
+                });
+            assert_eq!(composed["mode"], "approximate");
+            if h == 2 {
+                // Every hour with data is exact: the lists are the recount's, bound zero.
+                assert_eq!(items(&composed), top(&exact, ""), "{window}");
+                assert_eq!(composed["maxOvercount"], 0);
+                let eu = list(window, "eu").expect("eu list");
+                assert_eq!(items(&eu), top(&exact, "eu"), "{window} eu");
+            } else {
+                // The open hours are still streaming estimates, re-deliveries included.
+                let song0 = items(&composed)
+                    .into_iter()
+                    .find(|i| i.0 == "song-0")
+                    .map(|i| i.1);
+                if h == 0 {
+                    assert!(song0 >= Some(exact_song0 + REDELIVERED), "{composed}");
+                } else {
+                    assert!(
+                        song0.is_none_or(|c| c < exact_song0 + REDELIVERED),
+                        "{composed}"
+                    );
+                }
+            }
+        }
+    }
+
+    // Each recounted hour's streaming 1h list is graded against the exact hour.
+    let grades = common::await_some("three graded hours", WAIT, || {
+        let (status, body) = common::get(&format!("{}/v1/grades", reducer.base));
+        let value: Value = serde_json::from_str(&body).ok()?;
+        let grades = value["grades"].as_array()?.clone();
+        (status == 200 && grades.len() == 3).then_some(grades)
+    });
+    for (h, grade) in grades.iter().enumerate() {
+        assert_eq!(grade["hourMs"], first_hour + h as i64 * HOUR, "{grade}");
+        let bound = grade["overcountBound"].as_u64().expect("bound");
+        let overcount = grade["maxOvercount"].as_u64().expect("overcount");
+        if h == 1 {
+            // song-0 (6 plays) published first with 106: four of the exact top five remain,
+            // and song-0 is really 9th.
+            assert!(
+                (REDELIVERED..=REDELIVERED + bound).contains(&overcount),
+                "{grade}"
+            );
+            assert_eq!(grade["boundViolated"], true);
+            assert_eq!(grade["recallAtK"], 0.8);
+            assert_eq!(grade["maxRankDisplacement"], 8);
+        } else {
+            assert!(overcount <= bound, "{grade}");
+            assert_eq!(grade["boundViolated"], false);
+            assert_eq!(grade["recallAtK"], 1.0);
+            assert_eq!(grade["maxRankDisplacement"], 0);
+        }
+        assert_eq!(grade["scopes"], 2);
+    }
+    let (_, metrics) = common::get(&format!("{}/metrics", reducer.base));
+    assert!(
+        metrics.contains("topk_reducer_exact_hours_total 3"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("topk_reducer_grade_bound_violations_total 1"));
+}
