@@ -350,6 +350,9 @@ pub struct RecountStatus {
     /// Hours whose recount failed and is retried with backoff.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<RecountFailure>,
+    /// What the newest finished recount reported (its Job's termination message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_recount: Option<crate::record::ExactHourManifest>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -794,5 +797,28 @@ spec:
             err.contains("spec.recount.minRecall must be between 0 and 1, got 1.5"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_grade_is_a_problem_past_its_bound_or_under_the_recall() {
+        let grade = GradingStatus {
+            hour: "2026-09-01T19:00:00Z".into(),
+            recall_at_k: 0.95,
+            max_overcount: 3,
+            overcount_bound: 3,
+            max_rank_displacement: 1,
+        };
+        assert_eq!(grade.problem(0.9), None);
+        let low = grade.problem(0.99).expect("problem");
+        assert!(
+            low.contains("recall@k 0.950 is below minRecall 0.99"),
+            "{low}"
+        );
+        let over = GradingStatus {
+            max_overcount: 4,
+            ..grade
+        };
+        let both = over.problem(0.99).expect("problem");
+        assert!(both.starts_with("the streaming 1h list of hour 2026-09-01T19:00:00Z: a count exceeded its exact value by 4, beyond the claimed bound 3 and recall@k"), "{both}");
     }
 }

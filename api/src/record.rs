@@ -129,8 +129,9 @@ pub fn exact_hour_key(hour: &str, chunk: Option<u32>) -> String {
 
 /// The last record of an hour's recount: what the chunks hold and how they were counted.
 /// Readers use an hour only through its manifest, and only its first `chunks` chunks (a
-/// longer earlier run may have left more).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// longer earlier run may have left more). Also the recount Job's termination message, which
+/// the operator shows in `status.recount.lastRecount`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExactHourManifest {
     pub metric: String,

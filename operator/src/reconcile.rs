@@ -10,7 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -23,6 +23,7 @@ use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 use topk_api::manifest::{
     DeletionPolicy, RecountFailure, RecountStatus, RescaleStatus, WorkersStatus,
 };
+use topk_api::record::ExactHourManifest;
 use topk_api::{TopKMetric, TopKMetricStatus};
 
 use crate::builders::{self, ATTEMPT_LABEL, HOUR_START_ANNOTATION, Names, Settings};
@@ -576,6 +577,7 @@ async fn recount(
         .list(&ListParams::default().labels(&builders::selector(metric, "recount")))
         .await?;
     let jobs: Vec<ObservedJob> = listed.items.iter().filter_map(observe_job).collect();
+    let last_recount = last_recount(metric, ns, ctx, previous, &listed.items).await?;
     let memory = recount_memory(previous);
     let now_ms = at.0.as_millisecond();
     let created_ms = metric
@@ -632,6 +634,7 @@ async fn recount(
                 last_failure: rfc3339(f.last_ms),
             })
             .collect(),
+        last_recount,
     });
     Ok(RecountOutcome {
         failing: plan.failing.map(|(hour, attempts)| {
@@ -646,6 +649,63 @@ async fn recount(
             (plan.next_due_ms - now_ms).clamp(1_000, 3_600_000) as u64,
         )),
     })
+}
+
+/// The summary of the newest succeeded recount, read once from its Pod's termination message
+/// (the manifest `topk recount` writes to `/dev/termination-log`) and announced in an Event;
+/// the one in the status until a newer hour succeeds.
+async fn last_recount(
+    metric: &TopKMetric,
+    ns: &str,
+    ctx: &Context,
+    previous: &TopKMetricStatus,
+    jobs: &[Job],
+) -> Result<Option<ExactHourManifest>, Error> {
+    let known = previous
+        .recount
+        .as_ref()
+        .and_then(|r| r.last_recount.clone());
+    let known_hour = known.as_ref().and_then(|m| parse_ms(&m.hour));
+    let newest = jobs
+        .iter()
+        .filter_map(|job| Some((observe_job(job)?, job)))
+        .filter(|(o, _)| o.state == JobState::Succeeded && known_hour.is_none_or(|h| o.hour_ms > h))
+        .max_by_key(|(o, _)| o.hour_ms);
+    let Some((_, job)) = newest else {
+        return Ok(known);
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = format!("batch.kubernetes.io/job-name={}", job.name_any());
+    let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+    let summary = listed
+        .items
+        .iter()
+        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.as_deref())
+        .find_map(|message| serde_json::from_str::<ExactHourManifest>(message).ok());
+    let Some(summary) = summary else {
+        // Pods gone (TTL) or no message: keep the last one; this hour is looked at again.
+        return Ok(known);
+    };
+    let rejected: u64 = summary.rejected.values().sum();
+    event(
+        ctx,
+        metric,
+        EventType::Normal,
+        "RecountFinished",
+        format!(
+            "hour {}: {} events read, {} counted, {} duplicates dropped, {rejected} rejected, {} keys, {} ms",
+            summary.hour,
+            summary.events_read,
+            summary.counted,
+            summary.duplicates,
+            summary.keys,
+            summary.duration_ms
+        ),
+    )
+    .await;
+    Ok(Some(summary))
 }
 
 fn rfc3339(ms: i64) -> String {
@@ -856,6 +916,7 @@ async fn write_status(
                 "running": r.running,
                 "succeeded": r.succeeded,
                 "failures": r.failures,
+                "lastRecount": r.last_recount,
             })),
             "rescale": status.rescale,
         }

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use topk_api::record::ExactHourManifest;
 use topk_api::{TopKMetric, TopKMetricStatus};
 use topk_operator::builders::{Settings, hour_id};
 use topk_operator::clock::ManualClock;
@@ -19,7 +20,8 @@ use topk_operator::error::Error;
 use topk_operator::reconcile::{self, Context};
 use topk_operator::recount::{HOUR_MS, floor_hour};
 use topk_testenv::{
-    await_some, mark_pods_failed, mark_pods_succeeded, ready_statefulset, unique_name,
+    await_some, mark_pods_failed, mark_pods_succeeded, mark_pods_succeeded_with, ready_statefulset,
+    unique_name,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -76,10 +78,24 @@ async fn recount_jobs(jobs: &Api<Job>, name: &str) -> Vec<Job> {
 /// Finishes the Job `job` as its Pod would: the controller manager creates the Pod, the test
 /// plays the kubelet, and the Job controller records the outcome.
 async fn finish(client: &Client, ns: &str, jobs: &Api<Job>, job: &str, succeed: bool) {
+    finish_with(client, ns, jobs, job, succeed, None).await;
+}
+
+/// [`finish`], the Pod leaving `message` as its termination message.
+async fn finish_with(
+    client: &Client,
+    ns: &str,
+    jobs: &Api<Job>,
+    job: &str,
+    succeed: bool,
+    message: Option<&str>,
+) {
     let selector = format!("batch.kubernetes.io/job-name={job}");
     let outcome = if succeed { "Complete" } else { "Failed" };
     await_some(&format!("Job {job} {outcome}"), WAIT, || async {
-        let marked = if succeed {
+        let marked = if let (true, Some(message)) = (succeed, message) {
+            mark_pods_succeeded_with(client, ns, &selector, message).await
+        } else if succeed {
             mark_pods_succeeded(client, ns, &selector).await
         } else {
             mark_pods_failed(client, ns, &selector).await
@@ -225,13 +241,29 @@ async fn recount_jobs_cover_closed_hours_retry_failures_and_advance_exact_until(
             .any(|j| j.name_any() == job_name(0, 2))
     );
 
-    // Everything succeeds: exactUntil covers the three closed hours.
+    // Everything succeeds: exactUntil covers the three closed hours, and the newest hour's
+    // summary (its Pod's termination message) is in the status.
     finish(&client, &ns, &jobs, &job_name(0, 2), true).await;
-    finish(&client, &ns, &jobs, &job_name(2, 1), true).await;
+    let summary = ExactHourManifest {
+        metric: "views".into(),
+        hour: at(hour(2)).to_string(),
+        chunks: 1,
+        events_read: 700,
+        counted: 600,
+        duplicates: 40,
+        outside_hour: 50,
+        rejected: [("invalid_json".to_owned(), 10)].into(),
+        keys: 77,
+        config_version: "c".into(),
+        duration_ms: 1234,
+    };
+    let message = serde_json::to_string(&summary).expect("json");
+    finish_with(&client, &ns, &jobs, &job_name(2, 1), true, Some(&message)).await;
     reconcile_once(&metrics, "views", &ctx).await;
     let s = status(&metrics, "views").await;
     assert_eq!(s.exact_until, Some(at(hour(3)).to_string()));
     let recount = s.recount.expect("recount status");
+    assert_eq!(recount.last_recount.as_ref(), Some(&summary));
     assert!(
         recount.succeeded.is_empty() && recount.failures.is_empty(),
         "{recount:?}"

@@ -275,7 +275,7 @@ pub async fn mark_pods_ready(
     namespace: &str,
     selector: &str,
 ) -> Result<usize, TestEnvError> {
-    set_pod_phase(client, namespace, selector, "Running", true).await
+    set_pod_phase(client, namespace, selector, "Running", true, None).await
 }
 
 /// Plays the kubelet for StatefulSet `name` until its status reports `replicas` ready: marks
@@ -307,7 +307,26 @@ pub async fn mark_pods_succeeded(
     namespace: &str,
     selector: &str,
 ) -> Result<usize, TestEnvError> {
-    set_pod_phase(client, namespace, selector, "Succeeded", false).await
+    set_pod_phase(client, namespace, selector, "Succeeded", false, None).await
+}
+
+/// [`mark_pods_succeeded`] with `message` as each container's termination message, as a
+/// kubelet reports what the container wrote to `/dev/termination-log`.
+pub async fn mark_pods_succeeded_with(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+    message: &str,
+) -> Result<usize, TestEnvError> {
+    set_pod_phase(
+        client,
+        namespace,
+        selector,
+        "Succeeded",
+        false,
+        Some(message),
+    )
+    .await
 }
 
 /// Marks the Pods matching `selector` as Failed (exit code 1), as a crashed Job Pod.
@@ -316,7 +335,7 @@ pub async fn mark_pods_failed(
     namespace: &str,
     selector: &str,
 ) -> Result<usize, TestEnvError> {
-    set_pod_phase(client, namespace, selector, "Failed", false).await
+    set_pod_phase(client, namespace, selector, "Failed", false, None).await
 }
 
 async fn set_pod_phase(
@@ -325,6 +344,7 @@ async fn set_pod_phase(
     selector: &str,
     phase: &str,
     ready: bool,
+    message: Option<&str>,
 ) -> Result<usize, TestEnvError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let list = pods.list(&ListParams::default().labels(selector)).await?;
@@ -343,7 +363,7 @@ async fn set_pod_phase(
             .iter()
             .map(|c| {
                 let state = if phase == "Succeeded" {
-                    serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
+                    serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now, "message": message}})
                 } else if phase == "Failed" {
                     serde_json::json!({"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}})
                 } else {
