@@ -1,6 +1,6 @@
-//! The `TopKMetric` CustomResourceDefinition, generated from the Rust types. The committed copy
-//! is `crds/topkmetrics.topk.io.yaml`; a test fails when it is stale (regenerate with
-//! `topk crd > crds/topkmetrics.topk.io.yaml` or `TOPK_UPDATE_CRDS=1 cargo test -p topk-api`).
+//! The `TopKMetric` CustomResourceDefinition, generated from the Rust types. The committed
+//! copies are `crds/topkmetrics.topk.io.yaml` and the Helm chart's template; a test fails when
+//! either is stale (regenerate with `TOPK_UPDATE_CRDS=1 cargo test -p topk-api`).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -10,6 +10,8 @@ use crate::manifest::TopKMetric;
 
 /// Path of the committed CRD, relative to the repository root.
 pub const CRD_PATH: &str = "crds/topkmetrics.topk.io.yaml";
+/// Path of the Helm chart's copy, relative to the repository root.
+pub const CHART_CRD_PATH: &str = "charts/topk-operator/templates/crd.yaml";
 
 pub fn crd() -> CustomResourceDefinition {
     TopKMetric::crd()
@@ -20,6 +22,21 @@ pub fn crd_yaml() -> Result<String, ApiError> {
     let body = serde_saphyr::to_string(&crd()).map_err(|e| ApiError::Parse(e.to_string()))?;
     Ok(format!(
         "# Generated from the Rust types in api/src/manifest.rs by `topk crd`; do not edit.\n{body}"
+    ))
+}
+
+/// The CRD as the Helm chart's template: installed and upgraded only with
+/// `crds.install`, and kept on uninstall (deleting a CRD deletes every TopKMetric).
+pub fn crd_helm_template() -> Result<String, ApiError> {
+    let mut crd = crd();
+    crd.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("helm.sh/resource-policy".into(), "keep".into());
+    let body = serde_saphyr::to_string(&crd).map_err(|e| ApiError::Parse(e.to_string()))?;
+    Ok(format!(
+        "# Generated from the Rust types in api/src/manifest.rs by `topk crd --helm`; do not edit.\n\
+         {{{{- if .Values.crds.install }}}}\n{body}{{{{- end }}}}\n"
     ))
 }
 
@@ -40,6 +57,22 @@ mod tests {
         assert!(
             got == want,
             "{CRD_PATH} is stale: regenerate it with `TOPK_UPDATE_CRDS=1 cargo test -p topk-api` or `topk crd > {CRD_PATH}`"
+        );
+    }
+
+    #[test]
+    fn chart_crd_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(CHART_CRD_PATH);
+        let want = crd_helm_template().unwrap();
+        if std::env::var("TOPK_UPDATE_CRDS").is_ok_and(|v| v == "1") {
+            std::fs::write(&path, &want).unwrap();
+        }
+        let got = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            got == want,
+            "{CHART_CRD_PATH} is stale: regenerate it with `TOPK_UPDATE_CRDS=1 cargo test -p topk-api` or `topk crd --helm > {CHART_CRD_PATH}`"
         );
     }
 

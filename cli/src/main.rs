@@ -44,7 +44,11 @@ enum Command {
     /// Recount one closed hour exactly from the input topic (the hourly Jobs).
     Recount(recount::RecountArgs),
     /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
-    Crd,
+    Crd {
+        /// Print the Helm chart's template instead (gated by `crds.install`, kept on uninstall).
+        #[arg(long)]
+        helm: bool,
+    },
 }
 
 /// Durations as in manifests: `500ms`, `10s`, `5m`, `1h`.
@@ -68,9 +72,13 @@ async fn main() -> std::process::ExitCode {
         Command::Worker(args) => worker::worker(args).await,
         Command::Reducer(args) => reducer::reducer(args).await,
         Command::Recount(args) => recount::recount(args).await,
-        Command::Crd => topk_api::crd::crd_yaml()
-            .map(|yaml| print!("{yaml}"))
-            .map_err(error::CliError::from),
+        Command::Crd { helm } => if helm {
+            topk_api::crd::crd_helm_template()
+        } else {
+            topk_api::crd::crd_yaml()
+        }
+        .map(|yaml| print!("{yaml}"))
+        .map_err(error::CliError::from),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

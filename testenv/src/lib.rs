@@ -168,6 +168,16 @@ impl TestEnv {
         Ok(Client::try_from(config)?)
     }
 
+    /// A client that acts as `user` (impersonation, e.g. `system:serviceaccount:NS:NAME`), to
+    /// check what RBAC lets that identity do.
+    pub async fn kube_client_as(&self, user: &str) -> Result<Client, TestEnvError> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        let mut config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        config.auth_info.impersonate = Some(user.to_owned());
+        Ok(Client::try_from(config)?)
+    }
+
     /// Creates a fresh namespace for one test.
     pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String, TestEnvError> {
         let name = unique_name(prefix);
