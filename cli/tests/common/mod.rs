@@ -25,9 +25,14 @@ impl Drop for Server {
 
 /// Starts `topk` with `--listen 127.0.0.1:0` and waits for the address it logs.
 pub fn spawn(args: &[&str]) -> Server {
+    spawn_on(args, "127.0.0.1:0")
+}
+
+/// [`spawn`] listening on `listen`.
+pub fn spawn_on(args: &[&str], listen: &str) -> Server {
     let mut child = topk()
         .args(args)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", listen])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

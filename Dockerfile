@@ -1,0 +1,26 @@
+# syntax=docker/dockerfile:1.7
+# One image for the whole stack: `topk-operator` and the data plane `topk` (worker, reducer,
+# recount; the entrypoint). The operator hands its own image to the pods it creates, so both
+# always run the same build. Build with scripts/image.sh (reproducible tag), or:
+#   docker build -t ghcr.io/topk-io/topk:dev .
+ARG RUST_VERSION=1.89
+
+FROM rust:${RUST_VERSION}-bookworm AS build
+# RocksDB's bindgen needs libclang; its C++ and librdkafka's C are built from source.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libclang-dev clang cmake \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+ARG SOURCE_DATE_EPOCH
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p topk -p topk-operator \
+ && mkdir -p /out \
+ && cp target/release/topk target/release/topk-operator /out/
+
+# glibc and libstdc++ only; no shell, no package manager; runs as uid 65532.
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /out/topk /out/topk-operator /usr/local/bin/
+USER 65532:65532
+ENTRYPOINT ["topk"]

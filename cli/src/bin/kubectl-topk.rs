@@ -1,0 +1,308 @@
+//! `kubectl topk`: a kubectl plugin (any executable named `kubectl-topk` on the PATH is one).
+//!
+//!   kubectl topk get NAME [--window W] [--scope S] [-k N] [-n NS] [-o table|json]
+//!   kubectl topk status NAME [-n NS]
+//!
+//! `get` reads a list from the metric's reducer through the API server's service proxy (no
+//! port-forward, the caller's RBAC applies: `get` on `services/proxy`); `status` shows the
+//! TopKMetric's conditions, shard owners and epochs, lag and exactness.
+
+use std::fmt::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client};
+use serde_json::Value;
+use topk_api::TopKMetric;
+use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+
+#[derive(Parser)]
+#[command(
+    name = "kubectl topk",
+    version,
+    about = "Rankings of TopKMetric resources"
+)]
+struct Cli {
+    /// Namespace of the TopKMetric (default: the kubeconfig context's).
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a ranking as a table, read from the metric's reducer.
+    Get {
+        name: String,
+        /// Window name (default: the first window of the spec).
+        #[arg(long)]
+        window: Option<String>,
+        /// Scope (default: the global list).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// Show only the top N.
+        #[arg(short = 'k', long)]
+        k: Option<u32>,
+        /// `table` or `json` (the reducer's answer as is).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
+    /// Conditions, shard owners and epochs, lag and exactness of a TopKMetric.
+    Status { name: String },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("kubectl topk: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<String, String> {
+    let client = Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+    let ns = cli
+        .namespace
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+    let name = match &cli.command {
+        Command::Get { name, .. } | Command::Status { name } => name.clone(),
+    };
+    let metric = metrics
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("cannot read TopKMetric {ns}/{name}: {e}"))?
+        .ok_or_else(|| format!("TopKMetric {ns}/{name} not found"))?;
+    match cli.command {
+        Command::Get {
+            window,
+            scope,
+            k,
+            output,
+            ..
+        } => {
+            let window = window
+                .or_else(|| metric.spec.windows.first().map(|w| w.name.clone()))
+                .unwrap_or_default();
+            let mut query = vec![("window", window), ("scope", scope)];
+            if let Some(k) = k {
+                query.push(("k", k.to_string()));
+            }
+            let path = format!(
+                "/api/v1/namespaces/{ns}/services/{name}-reducer:http/proxy/v1/rankings/{}?{}",
+                encode(&metric.spec.metric),
+                query
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", encode(v)))
+                    .collect::<Vec<_>>()
+                    .join("&")
+            );
+            let request = http::Request::get(path)
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
+            let text = client.request_text(request).await.map_err(|e| {
+                format!("the reducer of {ns}/{name} did not answer (is it ready? `kubectl get tkm {name} -n {ns}`): {e}")
+            })?;
+            if output == "json" {
+                return Ok(format!("{text}\n"));
+            }
+            let list: Value = serde_json::from_str(&text)
+                .map_err(|e| format!("the reducer answered something else than a list: {e}"))?;
+            Ok(render_list(&list))
+        }
+        Command::Status { .. } => {
+            let maps: Api<ConfigMap> = Api::namespaced(client, &ns);
+            let table = maps
+                .get_opt(&format!("{name}-assignment"))
+                .await
+                .map_err(|e| format!("cannot read the assignment of {ns}/{name}: {e}"))?
+                .and_then(|cm| cm.data?.get(ASSIGNMENT_KEY).cloned())
+                .and_then(|text| serde_json::from_str::<AssignmentTable>(&text).ok());
+            Ok(render_status(&metric, table.as_ref()))
+        }
+    }
+}
+
+/// Percent-encodes a query or path component.
+fn encode(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn str_of<'a>(v: &'a Value, field: &str) -> &'a str {
+    v[field].as_str().unwrap_or("-")
+}
+
+/// A list as a header and a RANK / COUNT / KEY table.
+fn render_list(list: &Value) -> String {
+    let scope = match list["scope"].as_str() {
+        Some("") | None => "(global)",
+        Some(s) => s,
+    };
+    let mut out = format!(
+        "{}  window {}  scope {scope}  version {}  as of {}\n",
+        str_of(list, "metric"),
+        str_of(list, "window"),
+        list["version"],
+        str_of(list, "asOf"),
+    );
+    let _ = writeln!(
+        out,
+        "ends {}  watermark {}  exact until {}  max over-count {}{}",
+        str_of(list, "windowEnd"),
+        str_of(list, "watermark"),
+        str_of(list, "exactUntil"),
+        list["maxOvercount"],
+        if list["stale"] == true { "  STALE" } else { "" },
+    );
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    let width = items
+        .iter()
+        .map(|i| i["count"].to_string().len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let _ = writeln!(out, "{:>4}  {:>width$}  KEY", "RANK", "COUNT");
+    for item in &items {
+        let _ = writeln!(
+            out,
+            "{:>4}  {:>width$}  {}",
+            item["rank"].to_string(),
+            item["count"].to_string(),
+            str_of(item, "key")
+        );
+    }
+    if items.is_empty() {
+        out.push_str("(no keys in this window yet)\n");
+    }
+    out
+}
+
+/// The metric's status as a few aligned sections.
+fn render_status(metric: &TopKMetric, table: Option<&AssignmentTable>) -> String {
+    let spec = &metric.spec;
+    let status = metric.status.clone().unwrap_or_default();
+    let mut out = format!(
+        "{}/{}  metric {}  mode {}  shards {}  k {}\n",
+        metric.metadata.namespace.as_deref().unwrap_or("-"),
+        metric.metadata.name.as_deref().unwrap_or("-"),
+        spec.metric,
+        format!("{:?}", spec.mode).to_lowercase(),
+        spec.shards,
+        spec.k,
+    );
+    out.push_str("\nCONDITIONS\n");
+    for c in &status.conditions {
+        let _ = writeln!(
+            out,
+            "  {:<12} {:<6} {:<20} {}",
+            c.type_, c.status, c.reason, c.message
+        );
+    }
+    if status.conditions.is_empty() {
+        out.push_str("  (none yet: is the operator running?)\n");
+    }
+    if let Some(w) = &status.workers {
+        let _ = writeln!(out, "\nWORKERS {} ready", w.summary);
+    }
+    out.push_str("\nSHARDS\n");
+    match table {
+        Some(table) => {
+            let _ = writeln!(out, "  assignment version {}", table.version);
+            let _ = writeln!(out, "  {:>5}  {:>6}  {:>5}", "SHARD", "WORKER", "EPOCH");
+            for s in &table.shards {
+                let _ = writeln!(out, "  {:>5}  {:>6}  {:>5}", s.shard, s.worker, s.epoch);
+            }
+        }
+        None => out.push_str("  (no assignment table yet)\n"),
+    }
+    let _ = writeln!(
+        out,
+        "\nLAG AND EXACTNESS\n  watermark lag {}  exact until {}  leader {}",
+        status.watermark_lag.as_deref().unwrap_or("-"),
+        status.exact_until.as_deref().unwrap_or("-"),
+        status.leader.as_deref().unwrap_or("-"),
+    );
+    for r in &status.rankings {
+        let _ = writeln!(
+            out,
+            "  window {:<8} as of {}  watermark {}  exact until {}",
+            r.window,
+            r.as_of.as_deref().unwrap_or("-"),
+            r.watermark.as_deref().unwrap_or("-"),
+            r.exact_until.as_deref().unwrap_or("-"),
+        );
+    }
+    if let Some(recount) = &status.recount {
+        let _ = writeln!(
+            out,
+            "\nRECOUNT\n  running {}  exact from {}  waiting {}  failing {}",
+            recount.running,
+            recount.exact_from.as_deref().unwrap_or("-"),
+            recount.succeeded.len(),
+            recount.failures.len(),
+        );
+        if let Some(last) = &recount.last_recount {
+            let _ = writeln!(
+                out,
+                "  last hour {}: {} read, {} counted, {} duplicates, {} keys",
+                last.hour, last.events_read, last.counted, last.duplicates, last.keys
+            );
+        }
+    }
+    if let Some(g) = &status.grading {
+        let _ = writeln!(
+            out,
+            "\nGRADING (hour {})\n  recall@k {:.3}  over-count {} (bound {})  rank displacement {}",
+            g.hour, g.recall_at_k, g.max_overcount, g.overcount_bound, g.max_rank_displacement
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_renders_as_a_table() {
+        let list = serde_json::json!({
+            "metric": "plays", "scope": "", "window": "1h", "version": 7,
+            "asOf": "2026-11-30T10:00:00Z", "windowEnd": "2026-11-30T10:00:00Z",
+            "watermark": "2026-11-30T09:59:59Z", "maxOvercount": 0, "stale": true,
+            "items": [{"rank": 1, "key": "song-1", "count": 120}, {"rank": 2, "key": "b", "count": 7}],
+        });
+        let text = render_list(&list);
+        assert!(
+            text.starts_with("plays  window 1h  scope (global)  version 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("exact until -  max over-count 0  STALE"),
+            "{text}"
+        );
+        assert!(
+            text.contains("RANK  COUNT  KEY\n   1    120  song-1\n   2      7  b\n"),
+            "{text}"
+        );
+        assert_eq!(encode("eu west/1"), "eu%20west%2F1");
+    }
+}
