@@ -821,4 +821,24 @@ spec:
         let both = over.problem(0.99).expect("problem");
         assert!(both.starts_with("the streaming 1h list of hour 2026-09-01T19:00:00Z: a count exceeded its exact value by 4, beyond the claimed bound 3 and recall@k"), "{both}");
     }
+
+    #[test]
+    fn every_example_manifest_is_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let metric = load_manifest(&text)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                metric
+                    .spec
+                    .engine_config()
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                seen += 1;
+            }
+        }
+        assert!(seen > 0);
+    }
 }
