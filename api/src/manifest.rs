@@ -830,8 +830,8 @@ spec:
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "yaml") {
                 let text = std::fs::read_to_string(&path).unwrap();
-                let metric = load_manifest(&text)
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let metric =
+                    load_manifest(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 metric
                     .spec
                     .engine_config()

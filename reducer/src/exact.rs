@@ -8,7 +8,7 @@
 //! Hours before the first hour with any data are empty. A window with an unknown hour after
 //! that, or with no exact hour at all, keeps its streaming list.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 use topk_engine::summary::{KeyCount, rank_order, top_k};
@@ -30,6 +30,17 @@ pub struct StreamingHour {
 
 /// Per scope, an exact hour's (or sum of hours') heaviest keys in rank order.
 pub type ExactTops = BTreeMap<String, Vec<KeyCount>>;
+
+/// The tops of several exact hours in one, for their keys (counts are not added).
+pub fn union_tops(tops: impl IntoIterator<Item = ExactTops>) -> ExactTops {
+    let mut out = ExactTops::new();
+    for hour in tops {
+        for (scope, items) in hour {
+            out.entry(scope).or_default().extend(items);
+        }
+    }
+    out
+}
 
 /// What is known of one hour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,16 +143,23 @@ pub fn compose<E>(
         keys.extend(items.iter().map(|i| i.key.as_str()));
     }
     let max_overcount = parts.open.iter().map(|h| h.max_overcount).sum();
+    // Per scope, each key's estimate summed over the open hours: one pass over their lists.
+    let mut open: BTreeMap<&str, HashMap<&str, u64>> = BTreeMap::new();
+    for hour in parts.open {
+        for (scope, items) in &hour.scopes {
+            let sums = open.entry(scope).or_default();
+            for item in items {
+                *sums.entry(&item.key).or_default() += item.count;
+            }
+        }
+    }
     let mut out = Vec::with_capacity(candidates.len());
     for (scope, keys) in candidates {
+        let open_sums = open.get(scope);
         let mut counted = Vec::with_capacity(keys.len());
         for key in keys.into_iter().filter(|k| !denied(k)) {
             let mut count = exact_count(scope, key)?;
-            for hour in parts.open {
-                count += hour.scopes.get(scope).map_or(0, |items| {
-                    items.iter().find(|i| i.key == key).map_or(0, |i| i.count)
-                });
-            }
+            count += open_sums.and_then(|s| s.get(key)).copied().unwrap_or(0);
             if count > 0 {
                 counted.push((key, count));
             }
@@ -282,13 +300,9 @@ pub fn grade<E>(
             grade.max_overcount = grade
                 .max_overcount
                 .max(item.count.saturating_sub(true_count));
-            let kept_all =
-                exact.len() < k.max(1) || exact.last().is_some_and(|l| true_count >= l.count);
-            let true_rank = if kept_all {
-                1 + exact.iter().filter(|e| e.count > true_count).count()
-            } else {
-                exact.len() + 1
-            };
+            // Exact when the key is within the kept tops; else every kept key is heavier, and
+            // the rank is a lower bound.
+            let true_rank = 1 + exact.iter().filter(|e| e.count > true_count).count();
             let displacement = (rank + 1).abs_diff(true_rank) as u32;
             grade.max_rank_displacement = grade.max_rank_displacement.max(displacement);
         }

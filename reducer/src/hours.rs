@@ -415,14 +415,3 @@ impl Hours {
         Ok(())
     }
 }
-
-/// Keys of the exact part that are candidates for a long list: the tops of its exact hours.
-pub fn union_tops(tops: impl IntoIterator<Item = ExactTops>) -> ExactTops {
-    let mut out = ExactTops::new();
-    for hour in tops {
-        for (scope, items) in hour {
-            out.entry(scope).or_default().extend(items);
-        }
-    }
-    out
-}

@@ -20,8 +20,8 @@ use topk_engine::Ranking;
 use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
 
 use crate::error::Error;
-use crate::exact::{Grade, HOUR_MS, LongParts, compose, grade, plan_hours};
-use crate::hours::{Hours, Ingested, union_tops};
+use crate::exact::{Grade, HOUR_MS, LongParts, compose, grade, plan_hours, union_tops};
+use crate::hours::{Hours, Ingested};
 use crate::metrics::{MissingLabel, ReducerMetrics, WindowLabel};
 use crate::serve::Served;
 use crate::state::{Publication, ReducerConfig, ReducerState};
@@ -339,12 +339,15 @@ impl Reducer {
     /// Writes the versions, then moves the pointers (with the new resume offset), then serves
     /// them. Lists of composable windows are first made of their exact and open hours. A
     /// `republish` (an hour became exact) does not count as news from the shards.
-    fn publish(&mut self, publications: Vec<Publication>, republish: bool) -> Result<(), Error> {
+    fn publish(
+        &mut self,
+        mut publications: Vec<Publication>,
+        republish: bool,
+    ) -> Result<(), Error> {
         let started = Instant::now();
         let as_of = format_rfc3339_ms(now_ms());
         let mut records = Vec::new();
         let mut meta = Meta::default();
-        let mut publications = publications;
         for publication in &mut publications {
             meta.published_ends
                 .insert(publication.window.clone(), publication.window_end_ms);
