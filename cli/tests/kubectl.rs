@@ -226,5 +226,11 @@ async fn status_and_get_through_the_service_proxy() {
     assert_eq!(list["items"].as_array().map(Vec::len), Some(3));
     let (ok, _, err) = plugin(&env, &["get", "plays", "-n", &ns, "--window", "9h"]);
     assert!(!ok);
-    assert!(err.contains("did not answer"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the reducer of {ns}/plays refused the request (400)"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("9h"), "{err}");
 }

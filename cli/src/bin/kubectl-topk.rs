@@ -109,11 +109,24 @@ async fn run(cli: Cli) -> Result<String, String> {
                     .join("&")
             );
             let request = http::Request::get(path)
-                .body(Vec::new())
+                .body(kube::client::Body::empty())
                 .map_err(|e| e.to_string())?;
-            let text = client.request_text(request).await.map_err(|e| {
-                format!("the reducer of {ns}/{name} did not answer (is it ready? `kubectl get tkm {name} -n {ns}`): {e}")
-            })?;
+            let unreachable = |e: kube::Error| {
+                format!(
+                    "the reducer of {ns}/{name} did not answer (is it ready? `kubectl get tkm {name} -n {ns}`): {e}"
+                )
+            };
+            let response = client.send(request).await.map_err(unreachable)?;
+            let code = response.status();
+            let body = response
+                .into_body()
+                .collect_bytes()
+                .await
+                .map_err(unreachable)?;
+            let text = String::from_utf8_lossy(&body).into_owned();
+            if !code.is_success() {
+                return Err(refusal(&ns, &name, code.as_u16(), &text));
+            }
             if output == "json" {
                 return Ok(format!("{text}\n"));
             }
@@ -131,6 +144,23 @@ async fn run(cli: Cli) -> Result<String, String> {
                 .and_then(|text| serde_json::from_str::<AssignmentTable>(&text).ok());
             Ok(render_status(&metric, table.as_ref()))
         }
+    }
+}
+
+/// A non-2xx answer: the reducer's own `{"error": ...}` (bad window, unknown scope), or the
+/// API server's Status (no ready reducer, no access to `services/proxy`).
+fn refusal(ns: &str, name: &str, code: u16, body: &str) -> String {
+    let json: Option<Value> = serde_json::from_str(body).ok();
+    let reducer_said = json.as_ref().and_then(|v| v["error"].as_str());
+    let apiserver_said = json.as_ref().and_then(|v| v["message"].as_str());
+    match (reducer_said, apiserver_said) {
+        (Some(error), _) => {
+            format!("the reducer of {ns}/{name} refused the request ({code}): {error}")
+        }
+        (None, Some(message)) => format!(
+            "the reducer of {ns}/{name} did not answer ({code}: {message}); is it ready? `kubectl get tkm {name} -n {ns}`"
+        ),
+        (None, None) => format!("the reducer of {ns}/{name} answered {code}: {body}"),
     }
 }
 
@@ -304,5 +334,18 @@ mod tests {
             "{text}"
         );
         assert_eq!(encode("eu west/1"), "eu%20west%2F1");
+    }
+
+    #[test]
+    fn refusals_say_who_refused() {
+        let unready = r#"{"kind":"Status","message":"no endpoints available for service \"plays-reducer\"","code":503}"#;
+        assert!(refusal("d", "plays", 503, unready).starts_with(
+            "the reducer of d/plays did not answer (503: no endpoints available for service \"plays-reducer\")"
+        ));
+        let bad = r#"{"error":"unknown window \"9h\""}"#;
+        assert_eq!(
+            refusal("d", "plays", 400, bad),
+            "the reducer of d/plays refused the request (400): unknown window \"9h\""
+        );
     }
 }
