@@ -3,7 +3,6 @@
 # into the nodes, installs the chart with the dev Kafka, and runs the Rust e2e tests against
 # it. Needs docker, kind, kubectl, helm and cargo.
 #   e2e/run.sh            everything (keeps the cluster for a rerun)
-#   E2E_LONG=1 e2e/run.sh also the hourly recount scenario (waits for a real hour to close)
 #   e2e/run.sh down       delete the cluster
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -37,10 +36,10 @@ helm upgrade --install "$RELEASE" "$ROOT/charts/topk-operator" \
   --wait --timeout 5m
 
 export TOPK_E2E=1
+export TOPK_E2E_IMAGE="$IMAGE:$tag"
 export TOPK_E2E_NAMESPACE="$NS"
 export TOPK_E2E_RELEASE="$RELEASE"
 export TOPK_E2E_CHART="$ROOT/charts/topk-operator"
 export TOPK_E2E_HELM_ARGS="--set image.tag=$tag --set image.pullPolicy=Never --set kafka.dev.enabled=true"
-export TOPK_E2E_LONG="${E2E_LONG:-0}"
 cd "$ROOT"
 cargo test -p topk-e2e --test kind -- --test-threads=1 --nocapture

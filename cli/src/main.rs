@@ -5,6 +5,7 @@ mod demo;
 mod error;
 mod ingest;
 mod metrics;
+mod produce;
 mod recount;
 mod reducer;
 mod run;
@@ -43,6 +44,8 @@ enum Command {
     Reducer(reducer::ReducerArgs),
     /// Recount one closed hour exactly from the input topic (the hourly Jobs).
     Recount(recount::RecountArgs),
+    /// Send JSON-lines events to a Kafka input topic, keyed and stamped as topk expects.
+    Produce(produce::ProduceArgs),
     /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
     Crd {
         /// Print the Helm chart's template instead (gated by `crds.install`, kept on uninstall).
@@ -72,6 +75,7 @@ async fn main() -> std::process::ExitCode {
         Command::Worker(args) => worker::worker(args).await,
         Command::Reducer(args) => reducer::reducer(args).await,
         Command::Recount(args) => recount::recount(args).await,
+        Command::Produce(args) => produce::produce(args).await,
         Command::Crd { helm } => if helm {
             topk_api::crd::crd_helm_template()
         } else {

@@ -63,6 +63,10 @@ pub const HOUR_LABEL: &str = "topk.io/hour";
 pub const ATTEMPT_LABEL: &str = "topk.io/attempt";
 /// Annotation of a recount Job: the start of its hour (RFC 3339).
 pub const HOUR_START_ANNOTATION: &str = "topk.io/hour-start";
+/// Annotation of a TopKMetric: recount closed hours from this time (RFC 3339) instead of from
+/// its creation, e.g. for input that predates the metric. Hours beyond `recount.backfill`
+/// stay out.
+pub const RECOUNT_FROM_ANNOTATION: &str = "topk.io/recount-from";
 const API_PORT: i32 = 8080;
 
 /// Names of the objects owned by one TopKMetric.

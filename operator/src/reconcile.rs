@@ -585,9 +585,23 @@ async fn recount(
         .creation_timestamp
         .as_ref()
         .map_or(now_ms, |t| t.0.as_millisecond());
+    let recount_from = metric.annotations().get(builders::RECOUNT_FROM_ANNOTATION);
+    let from_ms = match recount_from.map(|text| (text, parse_ms(text))) {
+        Some((_, Some(from))) => from.min(created_ms),
+        Some((text, None)) => {
+            tracing::warn!(
+                name = %metric.name_any(),
+                value = %text,
+                "{} is not an RFC 3339 time; recounting from the creation",
+                builders::RECOUNT_FROM_ANNOTATION
+            );
+            created_ms
+        }
+        None => created_ms,
+    };
     let plan = recount::plan(
         now_ms,
-        created_ms,
+        from_ms,
         &recount::Settings {
             grace_ms: settings.grace_ms,
             backfill_ms: settings.backfill_ms,

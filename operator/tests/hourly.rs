@@ -283,6 +283,51 @@ async fn recount_jobs_cover_closed_hours_retry_failures_and_advance_exact_until(
 }
 
 #[tokio::test]
+async fn recount_from_reaches_back_before_the_creation() {
+    let Some((env, client, ns)) = common::setup("operator recount-from", "recountfrom").await
+    else {
+        return;
+    };
+    let topic = unique_name("views");
+    common::create_topic(&env, &topic, 4).await;
+    let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let mut metric = manifest(
+        "early",
+        &env.kafka_bootstrap,
+        &topic,
+        "  recount: {grace: 5m, maxConcurrent: 2}",
+    );
+    let now_ms = Timestamp::now().as_millisecond();
+    let from = floor_hour(now_ms) - 3 * HOUR_MS;
+    metric.metadata.annotations = Some(
+        [(
+            topk_operator::builders::RECOUNT_FROM_ANNOTATION.to_owned(),
+            at(from).to_string(),
+        )]
+        .into(),
+    );
+    metrics
+        .create(&PostParams::default(), &metric)
+        .await
+        .expect("create TopKMetric");
+    let clock = Arc::new(ManualClock::at(at(floor_hour(now_ms) + 6 * MINUTE_MS)));
+    let ctx = Context::with_clock(client.clone(), Settings::default(), clock);
+    reconcile_once(&metrics, "early", &ctx).await;
+    // The closed hours since the annotation are recounted, oldest first, before any hour
+    // after the creation has closed.
+    let names: Vec<String> = recount_jobs(&jobs, "early")
+        .await
+        .iter()
+        .map(|j| j.name_any())
+        .collect();
+    let job = |h: i64| format!("early-recount-{}-1", hour_id(h).expect("hour"));
+    assert_eq!(names, vec![job(from), job(from + HOUR_MS)]);
+    let s = status(&metrics, "early").await;
+    assert_eq!(s.exact_until, Some(at(from).to_string()));
+}
+
+#[tokio::test]
 async fn a_rescale_waiting_past_its_deadline_is_degraded_also_after_an_operator_restart() {
     let Some((env, client, ns)) = common::setup("operator rescale deadline", "deadline").await
     else {
