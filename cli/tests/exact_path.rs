@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -25,16 +25,6 @@ const HOUR: i64 = 3_600_000;
 const WAIT: Duration = Duration::from_secs(120);
 /// Times `song-0` is re-delivered in the second hour.
 const REDELIVERED: u64 = 100;
-
-/// A process killed when dropped (also when the test fails).
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
     format!(
@@ -89,23 +79,6 @@ fn hour_events(start: i64, h: i64) -> Vec<Event> {
         .collect();
     events.sort();
     events
-}
-
-fn items(list: &Value) -> Vec<(String, u64)> {
-    list["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|i| {
-                    (
-                        i["key"].as_str().unwrap_or_default().to_owned(),
-                        i["count"].as_u64().unwrap_or(0),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The exact top k per scope of counts.
@@ -206,7 +179,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     producer.flush(Duration::from_secs(30)).expect("flush");
 
     let worker = |ordinal: u32| {
-        Process(
+        common::Process(
             common::topk()
                 .args(["worker", "--config", &config_arg, "--namespace", ns])
                 .args(["--ordinal", &ordinal.to_string()])
@@ -252,7 +225,9 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
             list(window, "").filter(|l| l["windowEnd"].as_str() >= Some(third_hour_end.as_str()))
         });
         assert!(streamed.get("exactUntil").is_none(), "{streamed}");
-        let song0 = items(&streamed).into_iter().find(|i| i.0 == "song-0");
+        let song0 = common::items(&streamed)
+            .into_iter()
+            .find(|i| i.0 == "song-0");
         assert!(
             song0.is_some_and(|i| i.1 >= exact_song0 + REDELIVERED),
             "{streamed}"
@@ -284,13 +259,13 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
             assert_eq!(composed["mode"], "approximate");
             if h == 2 {
                 // Every hour with data is exact: the lists are the recount's, bound zero.
-                assert_eq!(items(&composed), top(&exact, ""), "{window}");
+                assert_eq!(common::items(&composed), top(&exact, ""), "{window}");
                 assert_eq!(composed["maxOvercount"], 0);
                 let eu = list(window, "eu").expect("eu list");
-                assert_eq!(items(&eu), top(&exact, "eu"), "{window} eu");
+                assert_eq!(common::items(&eu), top(&exact, "eu"), "{window} eu");
             } else {
                 // The open hours are still streaming estimates, re-deliveries included.
-                let song0 = items(&composed)
+                let song0 = common::items(&composed)
                     .into_iter()
                     .find(|i| i.0 == "song-0")
                     .map(|i| i.1);

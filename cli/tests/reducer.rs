@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -17,16 +17,6 @@ use topk_testenv::{TestEnv, unique_name};
 
 const SHARDS: u32 = 2;
 const WAIT: Duration = Duration::from_secs(120);
-
-/// A process killed when dropped (also when the test fails).
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
     format!(
@@ -66,23 +56,6 @@ fn oracle(counts: &BTreeMap<(String, String), u64>) -> BTreeMap<String, Vec<(Str
     per_scope
 }
 
-fn items(list: &Value) -> Vec<(String, u64)> {
-    list["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|i| {
-                    (
-                        i["key"].as_str().unwrap_or_default().to_owned(),
-                        i["count"].as_u64().unwrap_or(0),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn workers_and_reducer_publish_the_exact_lists() {
     let Some(env) = TestEnv::get("workers and reducer end to end") else {
@@ -117,7 +90,7 @@ fn workers_and_reducer_publish_the_exact_lists() {
     let assignment_arg = assignment.to_str().expect("utf-8 path").to_owned();
     let worker = |ordinal: u32| {
         let state = dir.path().join(format!("worker-{ordinal}"));
-        Process(
+        common::Process(
             common::topk()
                 .args(["worker", "--config", &config_arg, "--namespace", ns])
                 .args(["--ordinal", &ordinal.to_string()])
@@ -206,7 +179,7 @@ fn workers_and_reducer_publish_the_exact_lists() {
                 || {
                     let (status, body) = common::get(&url);
                     let list: Value = serde_json::from_str(&body).ok()?;
-                    (status == 200 && &items(&list) == expected).then_some(list)
+                    (status == 200 && &common::items(&list) == expected).then_some(list)
                 },
             );
             assert_eq!(list["mode"], "exact");

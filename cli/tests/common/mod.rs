@@ -3,6 +3,8 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStderr, Command, Stdio};
+
+use serde_json::Value;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -83,4 +85,32 @@ pub fn await_some<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> O
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A process killed when dropped (also when the test fails).
+pub struct Process(pub Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The (key, count) pairs of a served list; empty when it has none.
+pub fn items(list: &Value) -> Vec<(String, u64)> {
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|i| {
+                    (
+                        i["key"].as_str().unwrap_or_default().to_owned(),
+                        i["count"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
