@@ -97,9 +97,7 @@ pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, Reject
     parse_event_bytes(line.as_bytes(), max_key_bytes)
 }
 
-/// Parses one event from raw bytes, such as a Kafka payload. Only the strings are checked for
-/// UTF-8 (as they are parsed), which saves a pass over the whole payload; invalid UTF-8 is
-/// `invalid_json` either way.
+/// Parses one event from raw bytes, such as a Kafka payload; invalid UTF-8 is `invalid_json`.
 pub fn parse_event_bytes(input: &[u8], max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
     let raw: RawEvent<'_> = match flat::scan(input) {
         Some(raw) => raw,
@@ -165,6 +163,7 @@ mod flat {
     use super::{RawEvent, Scalar, Text};
 
     struct Cursor<'a> {
+        text: &'a str,
         bytes: &'a [u8],
         at: usize,
     }
@@ -186,45 +185,46 @@ mod flat {
             self.bytes.get(self.at).copied()
         }
 
-        /// A string without escapes or control characters, at the cursor.
+        /// A string without escapes or control characters, at the cursor, in one pass.
         fn string(&mut self) -> Option<&'a str> {
             self.eat(b'"')?;
             let start = self.at;
-            let len = self.bytes[start..].iter().position(|b| *b == b'"')?;
-            let raw = &self.bytes[start..start + len];
-            if raw.iter().any(|b| *b == b'\\' || *b < 0x20) {
+            let end = start + string_end(&self.bytes[start..])?;
+            if self.bytes[end] != b'"' {
                 return None;
             }
-            self.at = start + len + 1;
-            std::str::from_utf8(raw).ok()
+            self.at = end + 1;
+            // Both ends sit next to an ASCII quote, so they are character boundaries.
+            self.text.get(start..end)
         }
 
-        /// An integer as serde_json reads it: negative ones signed, others unsigned.
+        /// An integer as serde_json reads it: negative ones signed, others unsigned. Anything
+        /// serde reads otherwise (overflow becomes a float, `-0` too) is left to serde.
         fn integer(&mut self) -> Option<Scalar<'a>> {
             self.skip_ws();
-            let start = self.at;
-            let negative = self.bytes.get(start) == Some(&b'-');
-            let digits_from = start + usize::from(negative);
-            let digits = self.bytes[digits_from..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .count();
-            let end = digits_from + digits;
+            let negative = self.bytes.get(self.at) == Some(&b'-');
+            let digits_from = self.at + usize::from(negative);
+            let mut end = digits_from;
+            let mut magnitude: u64 = 0;
+            while let Some(digit @ b'0'..=b'9') = self.bytes.get(end) {
+                magnitude = magnitude
+                    .checked_mul(10)?
+                    .checked_add(u64::from(digit - b'0'))?;
+                end += 1;
+            }
+            let digits = end - digits_from;
             let leading_zero = digits > 1 && self.bytes[digits_from] == b'0';
-            // serde_json reads `-0` as a float; leave it to serde.
-            let negative_zero = negative && self.bytes[digits_from..end].iter().all(|b| *b == b'0');
-            if digits == 0 || leading_zero || negative_zero {
+            if digits == 0 || leading_zero || (negative && magnitude == 0) {
                 return None;
             }
             if matches!(self.bytes.get(end), Some(b'.' | b'e' | b'E')) {
                 return None;
             }
-            let text = std::str::from_utf8(&self.bytes[start..end]).ok()?;
             self.at = end;
             if negative {
-                text.parse().ok().map(Scalar::Signed)
+                0i64.checked_sub_unsigned(magnitude).map(Scalar::Signed)
             } else {
-                text.parse().ok().map(Scalar::Unsigned)
+                Some(Scalar::Unsigned(magnitude))
             }
         }
 
@@ -252,13 +252,43 @@ mod flat {
         }
     }
 
+    /// Position of the first `"`, `\\` or control character: eight bytes at a time, since
+    /// this scan is most of the parser's work.
+    pub(super) fn string_end(bytes: &[u8]) -> Option<usize> {
+        const ONES: u64 = u64::from_ne_bytes([1; 8]);
+        const HIGH: u64 = ONES << 7;
+        // High bit of each byte below `n` (n <= 128). Borrows can mark bytes above the first
+        // match, never below it, so the lowest marked byte is the first match.
+        let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
+        let mut words = bytes.chunks_exact(8);
+        for (i, word) in (&mut words).enumerate() {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(word);
+            let x = u64::from_le_bytes(le);
+            let hits = below(x ^ (ONES * u64::from(b'"')), 1)
+                | below(x ^ (ONES * u64::from(b'\\')), 1)
+                | below(x, 0x20);
+            if hits != 0 {
+                return Some(i * 8 + hits.trailing_zeros() as usize / 8);
+            }
+        }
+        let tail = words.remainder();
+        let at = tail
+            .iter()
+            .position(|b| matches!(b, b'"' | b'\\' | 0..0x20))?;
+        Some(bytes.len() - tail.len() + at)
+    }
+
     fn set<T>(slot: &mut Option<T>, value: T) -> Option<()> {
         // A repeated field is an error to serde: let it say so.
         slot.is_none().then(|| *slot = Some(value))
     }
 
     pub(super) fn scan(bytes: &[u8]) -> Option<RawEvent<'_>> {
-        let mut c = Cursor { bytes, at: 0 };
+        // One check of the whole payload (word at a time for ASCII) is cheaper than one per
+        // string; a payload that is not UTF-8 is left to serde, which names the error.
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut c = Cursor { text, bytes, at: 0 };
         let mut raw = RawEvent::default();
         c.eat(b'{')?;
         if c.eat(b'}').is_none() {
@@ -552,6 +582,9 @@ mod tests {
                 Just("\"tab\there\"".to_owned()),
                 any::<i64>().prop_map(|n| n.to_string()),
                 any::<u64>().prop_map(|n| n.to_string()),
+                // One past u64 and i64: serde reads them as floats.
+                Just("18446744073709551616".to_owned()),
+                Just("-9223372036854775809".to_owned()),
                 (0u32..3).prop_map(|n| format!("0{n}")),
                 Just("-0".to_owned()),
                 Just("-".to_owned()),
@@ -617,6 +650,23 @@ mod tests {
 
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(4000))]
+
+            #[test]
+            fn the_word_scan_finds_what_a_byte_scan_finds(
+                bytes in (prop::collection::vec(
+                    prop_oneof![Just(b'"'), Just(b'\\'), 0u8..0x20, 0x20u8..0x80, 0x80u8..],
+                    0..40,
+                ), any::<bool>()).prop_map(|(mut v, plain_first)| {
+                    // Long runs of plain bytes before the first match, half of the time.
+                    if plain_first {
+                        v.sort_by_key(|b| *b < 0x20 || *b == b'"' || *b == b'\\');
+                    }
+                    v
+                })
+            ) {
+                let want = bytes.iter().position(|b| matches!(b, b'"' | b'\\' | 0..0x20));
+                prop_assert_eq!(super::super::flat::string_end(&bytes), want);
+            }
 
             #[test]
             fn the_fast_path_answers_as_serde_does(input in prop_oneof![object(), typical()]) {

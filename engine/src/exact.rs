@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 
 use crate::config::WindowConfig;
-use crate::keys::KeyTable;
+use crate::keys::{KeyTable, NewestSlot};
 use crate::window::bucket_index;
 
 struct OpenBucket {
@@ -76,6 +76,7 @@ impl ExactWindow {
             return false;
         }
         if self.newest.is_none_or(|newest| idx > newest) {
+            self.settle_newest(keys);
             self.open.push_back(OpenBucket {
                 idx,
                 entries: Vec::new(),
@@ -89,11 +90,14 @@ impl ExactWindow {
             };
             let slot = keys.newest_slot(id, self.position);
             if slot.bucket == idx {
-                bucket.entries[slot.pos as usize].1 += cost;
+                slot.count += cost;
             } else {
-                slot.bucket = idx;
-                slot.pos = bucket.entries.len() as u32;
-                bucket.entries.push((id, cost));
+                *slot = NewestSlot {
+                    bucket: idx,
+                    count: cost,
+                };
+                // The count stays in the slot until the bucket stops being the newest.
+                bucket.entries.push((id, 0));
                 keys.incref(id);
             }
             return true;
@@ -128,6 +132,17 @@ impl ExactWindow {
         true
     }
 
+    /// Moves the newest bucket's counts from the key slots into its entries, before a newer
+    /// bucket takes the slots over.
+    fn settle_newest(&mut self, keys: &KeyTable) {
+        let position = self.position;
+        if let (Some(newest), Some(bucket)) = (self.newest, self.open.back_mut())
+            && bucket.idx == newest
+        {
+            fill_counts(position, newest, &mut bucket.entries, keys);
+        }
+    }
+
     /// Folds every open bucket ending at or before `watermark_ms` and expires buckets that left
     /// the window ending at the newest closed boundary.
     pub(crate) fn close_through(&mut self, watermark_ms: i64, keys: &mut KeyTable) {
@@ -143,10 +158,11 @@ impl ExactWindow {
             let Some(bucket) = self.open.pop_front() else {
                 break;
             };
+            let mut counts = bucket.entries;
             if self.newest == Some(bucket.idx) {
                 self.newest = None;
+                fill_counts(self.position, bucket.idx, &mut counts, keys);
             }
-            let mut counts = bucket.entries;
             let mut bucket_total = 0;
             for &(id, cost) in &counts {
                 let slot = &mut self.totals[id as usize];
@@ -199,7 +215,7 @@ impl ExactWindow {
 
     /// The held buckets as (index, [(key id, count)]), oldest first, for a snapshot. An
     /// all-time window's folded totals come as one closed bucket just before the boundary.
-    pub(crate) fn buckets(&self) -> Vec<(i64, Vec<(u32, u64)>)> {
+    pub(crate) fn buckets(&self, keys: &KeyTable) -> Vec<(i64, Vec<(u32, u64)>)> {
         let mut out: Vec<(i64, Vec<(u32, u64)>)> = Vec::new();
         if self.span.is_none() && self.closed_through != i64::MIN {
             let totals: Vec<(u32, u64)> = self.counted().collect();
@@ -208,7 +224,13 @@ impl ExactWindow {
             }
         }
         out.extend(self.closed.iter().map(|b| (b.idx, b.counts.clone())));
-        out.extend(self.open.iter().map(|b| (b.idx, b.entries.clone())));
+        out.extend(self.open.iter().map(|b| {
+            let mut entries = b.entries.clone();
+            if self.newest == Some(b.idx) {
+                fill_counts(self.position, b.idx, &mut entries, keys);
+            }
+            (b.idx, entries)
+        }));
         out
     }
 
@@ -224,6 +246,14 @@ impl ExactWindow {
             .sum();
         let closed: usize = self.closed.iter().map(|b| b.counts.capacity() * 16).sum();
         open + closed + self.totals.capacity() * 8
+    }
+}
+
+/// Copies the counts that the key slots of window `position` hold for bucket `idx` into its
+/// entries.
+fn fill_counts(position: usize, idx: i64, entries: &mut [(u32, u64)], keys: &KeyTable) {
+    for (id, count) in entries {
+        *count = keys.newest_count(*id, position, idx);
     }
 }
 

@@ -34,16 +34,21 @@ impl ScopeTable {
     }
 
     pub(crate) fn intern(&mut self, scope: &str) -> u32 {
-        if scope.is_empty() {
-            return 0;
-        }
-        match self.ids.get(scope) {
-            Some(&id) => id,
+        match self.find(scope) {
+            Some(id) => id,
             None => self.register(scope),
         }
     }
 
-    fn register(&mut self, scope: &str) -> u32 {
+    #[inline]
+    pub(crate) fn find(&self, scope: &str) -> Option<u32> {
+        if scope.is_empty() {
+            return Some(0);
+        }
+        self.ids.get(scope).copied()
+    }
+
+    pub(crate) fn register(&mut self, scope: &str) -> u32 {
         let id = self.names.len() as u32;
         self.ids.insert(scope.into(), id);
         self.names.push(scope.into());
@@ -68,20 +73,19 @@ impl ScopeTable {
     }
 }
 
-/// Where a key sits in a window's newest open bucket: valid while `bucket` equals that
-/// bucket's index. The first slot of each id also carries the id's reference count in what
-/// would be padding, so counting a key touches one cache line of per-id state.
+/// A key's count in a window's newest open bucket, valid while `bucket` equals that bucket's
+/// index. Counting an event in every window touches only the key's slots, side by side: the
+/// bucket's own list of keys is written once per key and bucket, and gets the counts when the
+/// bucket stops being the newest.
 #[derive(Clone, Copy)]
 pub(crate) struct NewestSlot {
     pub(crate) bucket: i64,
-    pub(crate) pos: u32,
-    refs: u32,
+    pub(crate) count: u64,
 }
 
 const NO_SLOT: NewestSlot = NewestSlot {
     bucket: i64::MIN,
-    pos: 0,
-    refs: 0,
+    count: 0,
 };
 
 /// The hash table holds the key inline next to its id, so a lookup touches the same memory as
@@ -96,6 +100,8 @@ struct Indexed {
 struct IdEntry {
     hash: u64,
     scope: u32,
+    /// Buckets and window totals holding the key; it is freed when none does.
+    refs: u32,
     key: Option<Arc<str>>,
 }
 
@@ -125,17 +131,27 @@ impl KeyTable {
     /// before it next frees anything.
     #[inline]
     pub(crate) fn intern(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
-        if let Some(found) = self
-            .index
-            .find(hash, |e| e.scope == scope && &*e.key == key)
-        {
-            return found.id;
+        match self.find(hash, scope, key) {
+            Some(id) => id,
+            None => self.insert(hash, scope, key),
         }
+    }
+
+    #[inline]
+    pub(crate) fn find(&self, hash: u64, scope: u32, key: &str) -> Option<u32> {
+        self.index
+            .find(hash, |e| e.scope == scope && &*e.key == key)
+            .map(|e| e.id)
+    }
+
+    /// Creates an id, with no references, for a key that [`KeyTable::find`] did not find.
+    pub(crate) fn insert(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
         let key: Arc<str> = Arc::from(key);
         self.key_bytes += key.len();
         let entry = IdEntry {
             hash,
             scope,
+            refs: 0,
             key: Some(key.clone()),
         };
         let id = match self.free.pop() {
@@ -170,25 +186,42 @@ impl KeyTable {
         &mut self.newest[id as usize * self.windows + window]
     }
 
+    pub(crate) fn newest_count(&self, id: u32, window: usize, bucket: i64) -> u64 {
+        let slot = self.newest[id as usize * self.windows + window];
+        if slot.bucket == bucket { slot.count } else { 0 }
+    }
+
     #[inline]
     pub(crate) fn incref(&mut self, id: u32) {
-        self.newest[id as usize * self.windows].refs += 1;
+        self.ids[id as usize].refs += 1;
     }
 
     pub(crate) fn decref(&mut self, id: u32) {
-        let refs = &mut self.newest[id as usize * self.windows].refs;
-        *refs -= 1;
-        if *refs == 0 {
-            let entry = &mut self.ids[id as usize];
-            let hash = entry.hash;
-            if let Some(key) = entry.key.take() {
-                self.key_bytes -= key.len();
-            }
-            if let Ok(found) = self.index.find_entry(hash, |e| e.id == id) {
-                found.remove();
-            }
-            self.free.push(id);
+        let entry = &mut self.ids[id as usize];
+        entry.refs -= 1;
+        if entry.refs == 0 {
+            self.free(id);
         }
+    }
+
+    /// Frees a key that nothing took after [`KeyTable::insert`] (every bucket it was meant
+    /// for had closed).
+    pub(crate) fn free_if_unheld(&mut self, id: u32) {
+        if self.ids[id as usize].refs == 0 {
+            self.free(id);
+        }
+    }
+
+    fn free(&mut self, id: u32) {
+        let entry = &mut self.ids[id as usize];
+        let hash = entry.hash;
+        if let Some(key) = entry.key.take() {
+            self.key_bytes -= key.len();
+        }
+        if let Ok(found) = self.index.find_entry(hash, |e| e.id == id) {
+            found.remove();
+        }
+        self.free.push(id);
     }
 
     pub(crate) fn key(&self, id: u32) -> &str {

@@ -89,25 +89,55 @@ impl ShardCounter {
 
     /// Counts one accepted event in every window.
     pub fn add(&mut self, scope: &str, key: &str, time_ms: i64, cost: u64) {
-        let scope_id = self.scopes.intern(scope);
+        self.add_owned(scope, key, time_ms, cost, || true);
+    }
+
+    /// Counts one event in every window if this shard owns its key; returns whether it did.
+    /// `owns` (the partitioner) is asked only about a scope or key the shard does not hold:
+    /// everything held came in owned, under the same metric and shard count (both part of the
+    /// state's fingerprint), so the common case skips hashing the message key.
+    pub fn add_owned(
+        &mut self,
+        scope: &str,
+        key: &str,
+        time_ms: i64,
+        cost: u64,
+        owns: impl FnOnce() -> bool,
+    ) -> bool {
+        let mut owns = Some(owns);
+        let mut admit = || owns.take().is_none_or(|owns| owns());
+        let scope_id = match self.scopes.find(scope) {
+            Some(id) => id,
+            None if admit() => self.scopes.register(scope),
+            None => return false,
+        };
         let hash = key_hash(self.scopes.seed(scope_id), key);
         let mut missed = 0;
         match &mut self.state {
             State::Exact { keys, windows } => {
-                let id = keys.intern(hash, scope_id, key);
-                keys.incref(id); // held while this call adds it to buckets
+                let (id, fresh) = match keys.find(hash, scope_id, key) {
+                    Some(id) => (id, false),
+                    None if admit() => (keys.insert(hash, scope_id, key), true),
+                    None => return false,
+                };
                 for w in windows.iter_mut() {
                     missed += u64::from(!w.add(time_ms, id, cost, keys));
                 }
-                keys.decref(id);
+                if fresh {
+                    keys.free_if_unheld(id);
+                }
             }
             State::Approximate { windows } => {
+                if !admit() {
+                    return false;
+                }
                 for w in windows.iter_mut() {
                     missed += u64::from(!w.add(time_ms, scope_id, hash, key, cost));
                 }
             }
         }
         self.dropped_closed += missed;
+        true
     }
 
     /// Closes, in every window, the buckets that end at or before `watermark_ms`.
@@ -235,7 +265,7 @@ impl ShardCounter {
                 .map(|w| WindowSnapshot::Exact {
                     closed_through: w.closed_through(),
                     buckets: w
-                        .buckets()
+                        .buckets(keys)
                         .into_iter()
                         .map(|(idx, counts)| {
                             let mut counts: Vec<_> = counts
@@ -312,9 +342,8 @@ impl ShardCounter {
                             }
                             let hash = key_hash(counter.scopes.seed(*scope), key);
                             let id = keys.intern(hash, *scope, key);
-                            keys.incref(id);
                             w.add(time_ms, id, *count, keys);
-                            keys.decref(id);
+                            keys.free_if_unheld(id);
                         }
                     }
                     if *closed_through != i64::MIN {

@@ -119,16 +119,21 @@ impl ShardStream {
         out: &mut Vec<ShardSummary>,
     ) -> Result<(), RejectReason> {
         check_event(&self.cfg, event, now_ms, self.watermark_ms())?;
-        let owner = shard_for(&self.cfg.metric, &event.scope, &event.key, self.cfg.shards);
-        if owner != self.counter.shard() {
+        let (cfg, shard) = (&self.cfg, self.counter.shard());
+        let owned =
+            self.counter
+                .add_owned(&event.scope, &event.key, event.time_ms, event.cost, || {
+                    shard_for(&cfg.metric, &event.scope, &event.key, cfg.shards) == shard
+                });
+        if !owned {
             return Err(RejectReason::WrongShard);
         }
+        // Counting before publishing gives the same summaries: the event's bucket ends after
+        // its time, so the watermark it raises cannot close that bucket.
         if self.max_event_ms.is_none_or(|t| event.time_ms > t) {
             self.max_event_ms = Some(event.time_ms);
             self.publish_due(out);
         }
-        self.counter
-            .add(&event.scope, &event.key, event.time_ms, event.cost);
         self.accepted += 1;
         Ok(())
     }

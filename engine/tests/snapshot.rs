@@ -1,11 +1,13 @@
 //! A shard stream stopped at any point, snapshotted, serialised and restored, then fed the rest
 //! of the input, publishes exactly what an uninterrupted stream publishes (exact mode), and a
-//! restored approximate stream keeps its sketches cell for cell.
+//! restored approximate stream keeps its sketches cell for cell. Events of other shards mixed
+//! in are rejected without a trace, restored or not.
 
 use std::borrow::Cow;
 
 use proptest::prelude::*;
 use topk_engine::event::Event;
+use topk_engine::partition::shard_for;
 use topk_engine::stream::{ShardStream, StreamSnapshot};
 use topk_engine::{EngineConfig, Mode, ShardSummary, SketchParams, WindowConfig};
 
@@ -107,6 +109,56 @@ proptest! {
         let snap = roundtrip(&stream.snapshot());
         let restored = ShardStream::restore(&cfg, &snap).expect("restore");
         prop_assert_eq!(roundtrip(&restored.snapshot()), snap);
+    }
+}
+
+proptest! {
+    #[test]
+    fn events_of_other_shards_are_rejected_without_a_trace(
+        input in inputs(),
+        shard in 0u32..3,
+        cut in 0usize..300,
+        approximate in any::<bool>(),
+    ) {
+        let mode = if approximate {
+            Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.1, candidates: 5 })
+        } else {
+            Mode::Exact
+        };
+        let cfg = EngineConfig { shards: 3, ..config(mode) };
+        let owns = |&(_, s, k, _): &(i64, u8, u8, u64)| {
+            let e = event(0, s, k, 1);
+            shard_for("m", &e.scope, &e.key, 3) == shard
+        };
+        let own: Input = input.iter().copied().filter(owns).collect();
+        let mut alone = ShardStream::new(&cfg, shard);
+        let mut want = Vec::new();
+        let want_results: Vec<_> = own
+            .iter()
+            .map(|&(t, s, k, c)| alone.ingest(&event(t, s, k, c), NOW, &mut want))
+            .collect();
+        alone.advance_idle(NOW, 0, &mut want);
+
+        // Every event, with a restore from a snapshot part way through.
+        let cut = cut.min(input.len());
+        let mut mixed = ShardStream::new(&cfg, shard);
+        let mut got = Vec::new();
+        let mut got_results = Vec::new();
+        for (i, e) in input.iter().enumerate() {
+            if i == cut {
+                mixed = ShardStream::restore(&cfg, &roundtrip(&mixed.snapshot())).expect("restore");
+            }
+            let result = mixed.ingest(&event(e.0, e.1, e.2, e.3), NOW, &mut got);
+            if owns(e) {
+                got_results.push(result);
+            } else {
+                prop_assert!(result.is_err(), "{e:?} of another shard was counted");
+            }
+        }
+        mixed.advance_idle(NOW, 0, &mut got);
+        prop_assert_eq!(want_results, got_results);
+        prop_assert_eq!(want, got);
+        prop_assert_eq!(alone.accepted(), mixed.accepted());
     }
 }
 

@@ -22,8 +22,10 @@ use topk_worker::{Health, Worker};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "../../engine/benches/support/mod.rs"]
+mod support;
+
 const SHARDS: u32 = 4;
-const KEYS: u64 = 10_000;
 
 fn main() {
     let Some(env) = TestEnv::get("worker throughput benchmark") else {
@@ -46,7 +48,6 @@ fn main() {
         env.create_topic(&topics.dead_letters, 1, &[]).await;
     });
 
-    // Small JSON events over 10k keys in 3 scopes, timed now and onwards.
     let producer: ThreadedProducer<DefaultProducerContext> = env
         .kafka_config()
         .set("partitioner", "murmur2_random")
@@ -58,20 +59,10 @@ fn main() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_millis() as i64;
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut bytes = 0usize;
-    for i in 0..events {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let key = format!("k{}", (state % KEYS) * (state % 3) / 2);
-        let scope = ["eu", "us", "ap"][(i % 3) as usize];
-        let payload = format!(
-            r#"{{"event_time":{},"metric":"bench","scope":"{scope}","key":"{key}"}}"#,
-            start_ms + (i / 1000) as i64
-        );
+    support::events(events, start_ms, |scope, key, payload| {
         bytes += payload.len();
-        let mkey = message_key("bench", scope, &key);
+        let mkey = message_key("bench", scope, key);
         let mut record = BaseRecord::to(&input).key(&mkey).payload(&payload);
         loop {
             match producer.send(record) {
@@ -82,7 +73,7 @@ fn main() {
                 }
             }
         }
-    }
+    });
     producer.flush(Duration::from_secs(120)).expect("flush");
     println!(
         "{events} events, {} bytes on average, {SHARDS} partitions",

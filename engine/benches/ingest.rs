@@ -1,0 +1,157 @@
+//! The worker's per-event CPU path without Kafka: parse a small JSON payload, validate it,
+//! count it in a shard's windows and publish at bucket boundaries, on one core.
+//!
+//! `cargo bench -p topk-engine --bench ingest` (env `INGEST_EVENTS`, `INGEST_ROUNDS`;
+//! `INGEST_ONLY=exact` or `approximate` runs one contender next to the reference).
+//! The payloads are those of the worker benchmark (`worker/benches/throughput.rs`): ~70 bytes,
+//! 10k keys in 3 scopes, one millisecond of event time per thousand events. The reference,
+//! run on the same payloads in the same process, is the loop a first version would write:
+//! serde_json into owned strings and a `FxHashMap<(String, String), u64>` increment.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+use serde::Deserialize;
+use topk_engine::event::parse_event_bytes;
+use topk_engine::partition::shard_for;
+use topk_engine::stream::ShardStream;
+use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
+
+mod support;
+
+const SHARDS: u32 = 4;
+const START_MS: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z
+
+/// The payloads of shard 0, as the worker benchmark produces them.
+fn payloads(events: u64) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    support::events(events, START_MS, |scope, key, payload| {
+        if shard_for("bench", scope, key, SHARDS) == 0 {
+            out.push(payload.into_bytes());
+        }
+    });
+    out
+}
+
+fn config(mode: Mode) -> EngineConfig {
+    EngineConfig {
+        metric: "bench".into(),
+        shards: SHARDS,
+        k: 100,
+        mode,
+        allowed_lateness_ms: 5_000,
+        max_future_skew_ms: 60_000,
+        max_key_bytes: 256,
+        windows: vec![
+            WindowConfig::sliding("5m", 300_000, 10_000),
+            WindowConfig::sliding("1h", 3_600_000, 60_000),
+        ],
+    }
+}
+
+/// Parse, validate, count and publish every payload; returns how many were counted. Never
+/// inlined, so that a profiler can attribute it.
+#[inline(never)]
+fn topk(cfg: &EngineConfig, payloads: &[Vec<u8>]) -> u64 {
+    let mut stream = ShardStream::new(cfg, 0);
+    let mut summaries = Vec::new();
+    let now_ms = START_MS + 3_600_000;
+    for payload in payloads {
+        if let Ok(event) = parse_event_bytes(payload, cfg.max_key_bytes) {
+            // Rejections would show as a count below the payloads'.
+            let _ = stream.ingest(&event, now_ms, &mut summaries);
+        }
+        summaries.clear();
+    }
+    stream.accepted()
+}
+
+#[derive(Deserialize)]
+struct Owned {
+    event_time: i64,
+    metric: String,
+    scope: String,
+    key: String,
+}
+
+/// The reference: serde into owned strings, one hash map of (scope, key) counts.
+fn reference(payloads: &[Vec<u8>]) -> u64 {
+    let mut counts: FxHashMap<(String, String), u64> = FxHashMap::default();
+    let mut counted = 0;
+    for payload in payloads {
+        if let Ok(e) = serde_json::from_slice::<Owned>(payload) {
+            black_box((e.event_time, &e.metric));
+            *counts.entry((e.scope, e.key)).or_default() += 1;
+            counted += 1;
+        }
+    }
+    black_box(counts.len());
+    counted
+}
+
+/// Best of `rounds` runs.
+fn best(rounds: u32, mut run: impl FnMut() -> u64) -> (Duration, u64) {
+    (0..rounds)
+        .map(|_| {
+            let started = Instant::now();
+            let counted = black_box(run());
+            (started.elapsed(), counted)
+        })
+        .min_by_key(|(elapsed, _)| *elapsed)
+        .unwrap_or_default()
+}
+
+fn main() {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let payloads = payloads(env("INGEST_EVENTS", 4_000_000));
+    let rounds = env("INGEST_ROUNDS", 3) as u32;
+    let n = payloads.len();
+    let bytes: usize = payloads.iter().map(Vec::len).sum();
+    println!(
+        "{n} payloads of shard 0 ({} bytes on average), best of {rounds} rounds, one core",
+        bytes / n.max(1)
+    );
+    let (reference_time, _) = best(rounds, || reference(&payloads));
+    let only = std::env::var("INGEST_ONLY").ok();
+    let contenders = [
+        ("exact", "topk exact, 5m/10s + 1h/1m", config(Mode::Exact)),
+        (
+            "approximate",
+            "topk approximate (eps 1e-4, delta 0.01), 5m/10s + 1h/1m",
+            config(Mode::Approximate(SketchParams {
+                epsilon: 1e-4,
+                delta: 0.01,
+                candidates: 1000,
+            })),
+        ),
+    ];
+    println!();
+    println!("| path | events/s | vs reference |");
+    println!("|---|---:|---:|");
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    println!(
+        "| serde_json + FxHashMap increment (reference) | {:.2} M | 1.00x |",
+        rate(reference_time) / 1e6
+    );
+    for (_, name, cfg) in contenders
+        .into_iter()
+        .filter(|(mode, _, _)| only.as_deref().is_none_or(|o| o == *mode))
+    {
+        let (time, counted) = best(rounds, || topk(&cfg, &payloads));
+        assert_eq!(
+            counted, n as u64,
+            "{name}: every payload is valid and on time"
+        );
+        println!(
+            "| {name} | {:.2} M | {:.2}x |",
+            rate(time) / 1e6,
+            reference_time.as_secs_f64() / time.as_secs_f64()
+        );
+    }
+}
