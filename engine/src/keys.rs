@@ -88,13 +88,65 @@ const NO_SLOT: NewestSlot = NewestSlot {
     count: 0,
 };
 
-/// The hash table holds the key inline next to its id, so a lookup touches the same memory as
-/// a plain `HashMap<String, _>` probe; `ids` maps back from id to key for summaries.
+/// The hash table holds the key next to its id (its text too, when short), so a lookup of a
+/// known key touches the table and nothing else; `ids` maps back from id to key for summaries.
 struct Indexed {
-    hash: u64,
     scope: u32,
     id: u32,
-    key: Arc<str>,
+    key: KeyText,
+}
+
+/// Bytes of a key kept inside its table entry instead of behind a pointer.
+const INLINE_KEY: usize = 22;
+
+/// A key's text: inline up to [`INLINE_KEY`] bytes (most keys: ids, routes, tags), shared on
+/// the heap otherwise.
+#[derive(Clone)]
+enum KeyText {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Shared(Arc<str>),
+}
+
+// Two words and a tag: the table entry stays 32 bytes.
+const _: () = assert!(std::mem::size_of::<KeyText>() == 24);
+
+impl KeyText {
+    fn new(key: &str) -> Self {
+        let mut bytes = [0u8; INLINE_KEY];
+        match bytes.get_mut(..key.len()) {
+            Some(head) => {
+                head.copy_from_slice(key.as_bytes());
+                KeyText::Inline {
+                    len: key.len() as u8,
+                    bytes,
+                }
+            }
+            None => KeyText::Shared(Arc::from(key)),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            KeyText::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyText::Shared(text) => text.as_bytes(),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `str` whole, so always UTF-8.
+            KeyText::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            KeyText::Shared(text) => text,
+        }
+    }
+
+    /// Heap bytes of the text (an `Arc`'s two counts and the bytes).
+    fn heap_bytes(&self) -> usize {
+        match self {
+            KeyText::Inline { .. } => 0,
+            KeyText::Shared(text) => 16 + text.len(),
+        }
+    }
 }
 
 struct IdEntry {
@@ -102,7 +154,7 @@ struct IdEntry {
     scope: u32,
     /// Buckets and window totals holding the key; it is freed when none does.
     refs: u32,
-    key: Option<Arc<str>>,
+    key: Option<KeyText>,
 }
 
 pub(crate) struct KeyTable {
@@ -112,6 +164,7 @@ pub(crate) struct KeyTable {
     /// `windows` newest-bucket slots per id, side by side so one cache line serves them all.
     newest: Vec<NewestSlot>,
     windows: usize,
+    /// Heap bytes of the keys too long to sit in their entries.
     key_bytes: usize,
 }
 
@@ -140,14 +193,16 @@ impl KeyTable {
     #[inline]
     pub(crate) fn find(&self, hash: u64, scope: u32, key: &str) -> Option<u32> {
         self.index
-            .find(hash, |e| e.scope == scope && &*e.key == key)
+            .find(hash, |e| {
+                e.scope == scope && e.key.as_bytes() == key.as_bytes()
+            })
             .map(|e| e.id)
     }
 
     /// Creates an id, with no references, for a key that [`KeyTable::find`] did not find.
     pub(crate) fn insert(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
-        let key: Arc<str> = Arc::from(key);
-        self.key_bytes += key.len();
+        let key = KeyText::new(key);
+        self.key_bytes += key.heap_bytes();
         let entry = IdEntry {
             hash,
             scope,
@@ -168,16 +223,11 @@ impl KeyTable {
                 (self.ids.len() - 1) as u32
             }
         };
-        self.index.insert_unique(
-            hash,
-            Indexed {
-                hash,
-                scope,
-                id,
-                key,
-            },
-            |e| e.hash,
-        );
+        let ids = &self.ids;
+        self.index
+            .insert_unique(hash, Indexed { scope, id, key }, |e| {
+                ids[e.id as usize].hash
+            });
         id
     }
 
@@ -216,7 +266,7 @@ impl KeyTable {
         let entry = &mut self.ids[id as usize];
         let hash = entry.hash;
         if let Some(key) = entry.key.take() {
-            self.key_bytes -= key.len();
+            self.key_bytes -= key.heap_bytes();
         }
         if let Ok(found) = self.index.find_entry(hash, |e| e.id == id) {
             found.remove();
@@ -225,7 +275,10 @@ impl KeyTable {
     }
 
     pub(crate) fn key(&self, id: u32) -> &str {
-        self.ids[id as usize].key.as_deref().unwrap_or("")
+        self.ids[id as usize]
+            .key
+            .as_ref()
+            .map_or("", KeyText::as_str)
     }
 
     pub(crate) fn scope(&self, id: u32) -> u32 {
@@ -247,7 +300,6 @@ impl KeyTable {
             + self.newest.capacity() * std::mem::size_of::<NewestSlot>()
             + self.free.capacity() * 4
             + self.key_bytes
-            + self.live() * 16
     }
 }
 
@@ -272,5 +324,23 @@ mod tests {
         let b = t.intern(key_hash(0, "b"), 0, "b");
         assert_eq!(b, a, "freed id is reused");
         assert_eq!(t.key(b), "b");
+    }
+
+    #[test]
+    fn long_and_short_keys_are_found_and_read_back() {
+        let mut t = KeyTable::new(1);
+        let long = "x".repeat(INLINE_KEY + 1);
+        let edge = "y".repeat(INLINE_KEY);
+        for key in ["", "a", "é", edge.as_str(), long.as_str()] {
+            let id = t.intern(key_hash(0, key), 0, key);
+            t.incref(id);
+            assert_eq!(t.find(key_hash(0, key), 0, key), Some(id), "{key}");
+            assert_eq!(t.key(id), key);
+        }
+        // Only the long key is on the heap: its bytes and the Arc's two counts.
+        assert_eq!(t.key_bytes, INLINE_KEY + 1 + 16);
+        let long_id = t.intern(key_hash(0, &long), 0, &long);
+        t.decref(long_id);
+        assert_eq!(t.key_bytes, 0);
     }
 }

@@ -105,6 +105,13 @@ fn main() {
             times.runnable_waiting.as_secs_f64() * 1000.0
         );
     }
+    if let Some(process) = run.process {
+        println!(
+            "whole process while counting: {:.2} s on a CPU ({:.0} events per CPU-second)",
+            process.as_secs_f64(),
+            per_sec(process.as_secs_f64())
+        );
+    }
     println!(
         "state {:.1} MiB in memory, checkpoint {:.1} MiB written in {:.0} ms",
         run.state_bytes as f64 / 1_048_576.0,
@@ -150,6 +157,9 @@ struct WorkerRun {
     checkpoint_bytes: i64,
     /// The counting thread's own CPU time (Linux only).
     thread: Option<ThreadTimes>,
+    /// Every thread's CPU time while counting: the counting thread, librdkafka's, and the
+    /// benchmark's own mostly idle ones (Linux only).
+    process: Option<Duration>,
 }
 
 /// Runs a worker owning every shard until it has read `events`.
@@ -206,11 +216,15 @@ spec:
         std::thread::park_timeout(Duration::from_millis(1));
     }
     let counting = Instant::now();
+    let process_before = process_cpu();
     eprintln!("worker startup: {:?}", started.elapsed());
     while health.metrics.events_in.get() < events {
         std::thread::park_timeout(Duration::from_millis(5));
     }
     let secs = counting.elapsed().as_secs_f64();
+    let process = process_cpu()
+        .zip(process_before)
+        .map(|(after, before)| after.saturating_sub(before));
     stop.store(true, Ordering::SeqCst);
     let (mut worker, times) = thread.join().expect("worker thread");
     let checkpoint_started = Instant::now();
@@ -222,7 +236,18 @@ spec:
         state_bytes: health.metrics.state_bytes.get(),
         checkpoint_bytes: health.metrics.checkpoint_bytes.get(),
         thread: times,
+        process,
     }
+}
+
+/// CPU time of every thread of this process so far, from `/proc/self/task/*/schedstat`.
+fn process_cpu() -> Option<Duration> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let text = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
 }
 
 /// The calling thread's time on a CPU and waiting for one, from `/proc/thread-self/schedstat`.

@@ -100,25 +100,25 @@ pub struct Worker {
 
 impl Sink {
     /// Counts one input message (or dead-letters it) and sends the summaries it completes.
+    /// Returns whether the message was new input (not re-delivered, not of a released shard).
     fn handle(
         &self,
         msg: &BorrowedMessage<'_>,
         now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
         summaries: &mut Vec<ShardSummary>,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let shard = msg.partition() as u32;
         let offset = msg.offset();
         let Some(owned) = owned.get_mut(&shard) else {
-            return Ok(()); // released since it was fetched
+            return Ok(false); // released since it was fetched
         };
         if offset < owned.next_offset {
-            return Ok(()); // already counted (re-delivered after a seek)
+            return Ok(false); // already counted (re-delivered after a seek)
         }
         owned.next_offset = offset + 1;
         owned.active = true;
         let metrics = &self.health.metrics;
-        metrics.events_in.inc();
         let payload = msg.payload().unwrap_or_default();
         let outcome = parse_event_bytes(payload, self.settings.engine.max_key_bytes)
             .and_then(|event| owned.stream.ingest(&event, now_ms, summaries));
@@ -126,7 +126,10 @@ impl Sink {
             metrics.rejected(reason);
             self.dead_letter(payload, reason, shard, offset)?;
         }
-        self.send_summaries(summaries, owned.next_offset)
+        if !summaries.is_empty() {
+            self.send_summaries(summaries, owned.next_offset)?;
+        }
+        Ok(true)
     }
 
     fn dead_letter(
@@ -287,6 +290,8 @@ impl Worker {
         }
         // Timers and the table are looked at between batches of messages, not per message.
         let mut since_housekeeping = 0u32;
+        // New input messages since the metric was last updated (not an atomic add per message).
+        let mut read = 0u64;
         // Wall clock for the future-skew check, read once per batch (about a millisecond).
         let mut clock_ms = now_ms();
         while !stop.load(Ordering::SeqCst) {
@@ -298,8 +303,13 @@ impl Worker {
                 idle = false;
                 match result {
                     Ok(msg) => {
-                        self.sink
-                            .handle(&msg, clock_ms, &mut self.owned, &mut self.summaries)?
+                        let new = self.sink.handle(
+                            &msg,
+                            clock_ms,
+                            &mut self.owned,
+                            &mut self.summaries,
+                        )?;
+                        read += u64::from(new);
                     }
                     Err(err) => {
                         self.sink.health.metrics.kafka_errors.inc();
@@ -312,6 +322,11 @@ impl Worker {
                 continue;
             }
             since_housekeeping = 0;
+            self.sink
+                .health
+                .metrics
+                .events_in
+                .inc_by(std::mem::take(&mut read));
             clock_ms = now_ms();
             let now = Instant::now();
             for owned in self.owned.values_mut() {
@@ -333,6 +348,7 @@ impl Worker {
                 self.publish_snapshots()?;
             }
         }
+        self.sink.health.metrics.events_in.inc_by(read);
         self.checkpoint()?;
         tracing::info!("stopped after a final checkpoint");
         Ok(())
