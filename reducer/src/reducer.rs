@@ -89,6 +89,9 @@ pub struct Reducer {
     tables: watch::Receiver<Option<AssignmentTable>>,
     next_versions: HashMap<(String, String), u64>,
     last_published: Vec<Instant>,
+    /// Per window, the shards last reported missing (None before the first housekeeping
+    /// pass): the per-shard gauges are written only when this changes.
+    reported_missing: Vec<Option<Vec<u32>>>,
     next_offset: i64,
     /// Lists published since retention last ran; it runs once a minute, not per publication
     /// (it reads every stored version of a list).
@@ -184,6 +187,7 @@ impl Reducer {
             tables,
             next_versions: HashMap::new(),
             last_published: vec![Instant::now(); windows],
+            reported_missing: vec![None; windows],
             next_offset: start,
             retention_due: BTreeSet::new(),
             last_retention: Instant::now(),
@@ -280,14 +284,17 @@ impl Reducer {
             };
             metrics.stale.get_or_create(&label).set(i64::from(stale));
             let missing = self.state.missing(w).map(|(_, m)| m).unwrap_or_default();
-            for shard in 0..self.settings.merge.shards {
-                metrics
-                    .missing_shard
-                    .get_or_create(&MissingLabel {
-                        window: window.clone(),
-                        shard,
-                    })
-                    .set(i64::from(missing.contains(&shard)));
+            if self.reported_missing[w].as_ref() != Some(&missing) {
+                for shard in 0..self.settings.merge.shards {
+                    metrics
+                        .missing_shard
+                        .get_or_create(&MissingLabel {
+                            window: window.clone(),
+                            shard,
+                        })
+                        .set(i64::from(missing.contains(&shard)));
+                }
+                self.reported_missing[w] = Some(missing);
             }
             if let Some(entry) = self.shared.served.get(window, "")
                 && let Some(wm) = topk_engine::event::parse_rfc3339_ms(&entry.record.watermark)

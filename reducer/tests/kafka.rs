@@ -273,6 +273,11 @@ fn reducer_merges_fences_serves_and_recovers() {
     let v2 = await_list(&base, "the second list", |l| l["version"] == 2);
     assert_eq!(keys(&v2), [("d".into(), 3), ("a".into(), 1)]);
     assert_eq!(v2["stale"], false);
+    // The gauge follows the shard back (it is written on changes only).
+    await_metrics(
+        &base,
+        "topk_reducer_missing_shard{window=\"1m\",shard=\"1\"} 0",
+    );
 
     // Shard 1 moved (epoch 2) before the reducer's table says so: its summary waits.
     let e3 = e2 + MINUTE;
