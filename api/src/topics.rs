@@ -25,3 +25,29 @@ impl TopicNames {
         }
     }
 }
+
+/// An internal topic: its name, partitions and whether it is compacted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InternalTopic {
+    pub name: String,
+    pub partitions: i32,
+    pub compacted: bool,
+}
+
+/// The internal topics of a TopKMetric, namespaced so that equal names in two namespaces do
+/// not collide: summaries (worker -> reducer), shard snapshots (handoff, compacted, one
+/// partition per shard), exact hours (recount, compacted) and dead letters.
+pub fn internal_topics(namespace: &str, name: &str, shards: u32) -> Vec<InternalTopic> {
+    let names = TopicNames::of(namespace, name);
+    let topic = |name: String, partitions: u32, compacted| InternalTopic {
+        name,
+        partitions: partitions.max(1) as i32,
+        compacted,
+    };
+    vec![
+        topic(names.summaries, 1, false),
+        topic(names.snapshots, shards, true),
+        topic(names.exact_hours, 1, true),
+        topic(names.dead_letters, shards.min(16), false),
+    ]
+}

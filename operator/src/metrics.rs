@@ -20,6 +20,7 @@ pub struct Metrics {
     duration: Histogram,
     moves: Counter,
     recounts: Counter,
+    topic_creates: Counter,
 }
 
 impl Default for Metrics {
@@ -30,6 +31,7 @@ impl Default for Metrics {
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
         let moves = Counter::default();
         let recounts = Counter::default();
+        let topic_creates = Counter::default();
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -47,6 +49,11 @@ impl Default for Metrics {
             "Hourly recount Jobs created (retries included)",
             recounts.clone(),
         );
+        registry.register(
+            "kafka_create_topics_requests",
+            "CreateTopics requests sent for internal topics not known to exist",
+            topic_creates.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -54,6 +61,7 @@ impl Default for Metrics {
             duration,
             moves,
             recounts,
+            topic_creates,
         }
     }
 }
@@ -75,6 +83,11 @@ impl Metrics {
 
     pub fn shard_moves(&self, n: u64) {
         self.moves.inc_by(n);
+    }
+
+    /// The counter the Kafka admin side adds its CreateTopics requests to.
+    pub fn topic_creates(&self) -> Counter {
+        self.topic_creates.clone()
     }
 
     pub fn recount_started(&self) {

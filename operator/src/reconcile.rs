@@ -60,12 +60,13 @@ impl Context {
     }
 
     pub fn with_clock(client: Client, settings: Settings, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let metrics = Metrics::default();
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter()),
             client,
             settings,
-            metrics: Metrics::default(),
-            topics: Admins::default(),
+            topics: Admins::new(metrics.topic_creates()),
+            metrics,
             clock,
         })
     }

@@ -3,9 +3,10 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
-use topk_api::topics::TopicNames;
+use std::time::{Duration, Instant};
+use topk_api::topics::{InternalTopic, internal_topics};
 
+use prometheus_client::metrics::counter::Counter;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -13,6 +14,10 @@ use rdkafka::types::RDKafkaErrorCode;
 use topk_api::TopKMetric;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an internal topic found or created counts as there without asking the broker
+/// again: a settled metric sends no CreateTopics, and a topic deleted behind the operator's
+/// back is back within this.
+const CONFIRMED_FOR: Duration = Duration::from_secs(600);
 
 /// Why the topics are not as the spec needs them; each becomes a `Degraded` reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,42 +70,17 @@ impl TopicProblem {
     }
 }
 
-/// An internal topic: its name, partitions and whether it is compacted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InternalTopic {
-    pub name: String,
-    pub partitions: i32,
-    pub compacted: bool,
-}
-
-/// The internal topics of a TopKMetric, namespaced so that equal names in two namespaces do
-/// not collide: summaries (worker -> reducer), shard snapshots (handoff, compacted, one
-/// partition per shard), exact hours (recount, compacted) and dead letters.
-pub fn internal_topics(namespace: &str, name: &str, shards: u32) -> Vec<InternalTopic> {
-    let names = TopicNames::of(namespace, name);
-    let topic = |name: String, partitions: u32, compacted| InternalTopic {
-        name,
-        partitions: partitions.max(1) as i32,
-        compacted,
-    };
-    vec![
-        topic(names.summaries, 1, false),
-        topic(names.snapshots, shards, true),
-        topic(names.exact_hours, 1, true),
-        topic(names.dead_letters, shards.min(16), false),
-    ]
-}
-
-/// Succeeds when every per-topic result is a success or the `benign` error (already there,
-/// already gone).
+/// The topics whose result is a success or the `benign` error (already there, already gone),
+/// or the first failure.
 fn settle(
     results: Vec<rdkafka::admin::TopicResult>,
     benign: RDKafkaErrorCode,
-) -> Result<(), TopicProblem> {
+) -> Result<Vec<String>, TopicProblem> {
+    let mut settled = Vec::with_capacity(results.len());
     for result in results {
         match result {
-            Ok(_) => {}
-            Err((_, code)) if code == benign => {}
+            Ok(topic) => settled.push(topic),
+            Err((topic, code)) if code == benign => settled.push(topic),
             Err((topic, code)) => {
                 return Err(TopicProblem::CreateFailed {
                     topic,
@@ -109,16 +89,33 @@ fn settle(
             }
         }
     }
-    Ok(())
+    Ok(settled)
 }
 
-/// Admin clients, one per bootstrap string, reused across reconciles.
-#[derive(Default)]
+/// Admin clients, one per bootstrap string, reused across reconciles, and the internal topics
+/// known to exist.
 pub struct Admins {
     clients: Mutex<HashMap<String, std::sync::Arc<AdminClient<DefaultClientContext>>>>,
+    /// (bootstrap, topic) found or created, and when.
+    confirmed: Mutex<HashMap<(String, String), Instant>>,
+    /// CreateTopics requests sent.
+    create_requests: Counter,
 }
 
 impl Admins {
+    /// `create_requests` counts the CreateTopics requests sent (a metric).
+    pub fn new(create_requests: Counter) -> Self {
+        Self {
+            clients: Mutex::default(),
+            confirmed: Mutex::default(),
+            create_requests,
+        }
+    }
+
+    fn confirmed(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
+        self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn get(
         &self,
         bootstrap: &str,
@@ -177,7 +174,21 @@ impl Admins {
             Some(_) => {}
         }
         let name = kube::ResourceExt::name_any(metric);
-        let wanted = internal_topics(namespace, &name, shards);
+        let bootstrap = &kafka.bootstrap_servers;
+        let wanted: Vec<InternalTopic> = {
+            let confirmed = self.confirmed();
+            internal_topics(namespace, &name, shards)
+                .into_iter()
+                .filter(|t| {
+                    confirmed
+                        .get(&(bootstrap.clone(), t.name.clone()))
+                        .is_none_or(|at| at.elapsed() >= CONFIRMED_FOR)
+                })
+                .collect()
+        };
+        if wanted.is_empty() {
+            return Ok(());
+        }
         let new: Vec<NewTopic<'_>> = wanted
             .iter()
             .map(|t| {
@@ -196,7 +207,14 @@ impl Admins {
             )
             .await
             .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
-        settle(results, RDKafkaErrorCode::TopicAlreadyExists)
+        self.create_requests.inc();
+        let now = Instant::now();
+        let settled = settle(results, RDKafkaErrorCode::TopicAlreadyExists)?;
+        let mut confirmed = self.confirmed();
+        for topic in settled {
+            confirmed.insert((bootstrap.clone(), topic), now);
+        }
+        Ok(())
     }
 
     /// Deletes the internal topics (for `deletionPolicy: Delete`). Topics already gone are fine.
@@ -212,6 +230,11 @@ impl Admins {
             )
             .await
             .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
-        settle(results, RDKafkaErrorCode::UnknownTopicOrPartition)
+        let deleted = settle(results, RDKafkaErrorCode::UnknownTopicOrPartition)?;
+        let mut confirmed = self.confirmed();
+        for topic in deleted {
+            confirmed.remove(&(metric.spec.source.kafka.bootstrap_servers.clone(), topic));
+        }
+        Ok(())
     }
 }

@@ -129,7 +129,7 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
 
     // Every owned object appears; the assignment spreads 4 shards over 2 workers at epoch 1.
     let first = await_some("the assignment table", WAIT, || table(&configmaps)).await;
-    let internal = topk_operator::topics::internal_topics(&ns, "clicks", 4);
+    let internal = topk_api::topics::internal_topics(&ns, "clicks", 4);
     let admin: AdminClient<DefaultClientContext> = env.kafka_config().create().expect("admin");
     await_some("the internal topics", WAIT, || async {
         let md = admin
@@ -311,7 +311,8 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
     .expect("config");
     let counted = counting_client(&client, config, writes.clone());
     let current = Arc::new(metrics.get("clicks").await.expect("get"));
-    reconcile::reconcile(current, context(counted))
+    let fresh = context(counted);
+    reconcile::reconcile(current.clone(), fresh.clone())
         .await
         .expect("reconcile");
     assert_eq!(
@@ -319,6 +320,13 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         0,
         "a settled TopKMetric costs no writes"
     );
+    // Nor Kafka writes: the internal topics this operator found are not created again.
+    let creates = fresh.metrics.topic_creates();
+    assert_eq!(creates.get(), 1, "one CreateTopics finds them all there");
+    reconcile::reconcile(current, fresh.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(creates.get(), 1, "no CreateTopics once they are known");
 
     // An invalid spec that CEL cannot see is reported, not retried forever.
     let bad = serde_json::json!({"spec": {"mode": "approximate", "sketch": {"candidates": 5}}});
