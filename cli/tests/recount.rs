@@ -102,11 +102,7 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
     let name = unique_name("plays");
     let input = unique_name("plays-input");
     let topics = TopicNames::of(ns, &name);
-    runtime.block_on(async {
-        env.create_topic(&input, 2, &[]).await;
-        env.create_topic(&topics.exact_hours, 1, &[("cleanup.policy", "compact")])
-            .await;
-    });
+    runtime.block_on(env.create_metric_topics(ns, &name, &input, 2));
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("metric.yaml");
     std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");

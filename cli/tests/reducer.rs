@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use serde_json::Value;
-use topk_api::topics::TopicNames;
 use topk_engine::partition::message_key;
 use topk_engine::summary::rank_order;
 use topk_testenv::{TestEnv, unique_name};
@@ -65,18 +64,7 @@ fn workers_and_reducer_publish_the_exact_lists() {
     let ns = "e2e";
     let name = unique_name("plays");
     let input = unique_name("plays-input");
-    let topics = TopicNames::of(ns, &name);
-    runtime.block_on(async {
-        env.create_topic(&input, SHARDS as i32, &[]).await;
-        env.create_topic(&topics.summaries, 1, &[]).await;
-        env.create_topic(
-            &topics.snapshots,
-            SHARDS as i32,
-            &[("cleanup.policy", "compact")],
-        )
-        .await;
-        env.create_topic(&topics.dead_letters, 1, &[]).await;
-    });
+    runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("metric.yaml");
     std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");

@@ -23,7 +23,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 use topk_api::topics::TopicNames;
 use topk_engine::partition::{message_key, shard_for};
-use topk_testenv::{PrivateKafka, TestEnv, await_some, create_topic, unique_name};
+use topk_testenv::{PrivateKafka, TestEnv, await_some, create_metric_topics, unique_name};
 use topk_worker::SummaryRecord;
 
 const SHARDS: u32 = 2;
@@ -79,11 +79,7 @@ impl Fixture {
         let name = unique_name("plays");
         let input = unique_name("plays-input");
         let topics = TopicNames::of(ns, &name);
-        create_topic(kafka, &input, SHARDS as i32, &[]).await;
-        create_topic(kafka, &topics.summaries, 1, &[]).await;
-        let compact = [("cleanup.policy", "compact")];
-        create_topic(kafka, &topics.snapshots, SHARDS as i32, &compact).await;
-        create_topic(kafka, &topics.dead_letters, 1, &[]).await;
+        create_metric_topics(kafka, ns, &name, &input, SHARDS).await;
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("metric.yaml");
         std::fs::write(&config, manifest(&name, bootstrap, &input)).expect("config");
@@ -380,7 +376,8 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
     // Every bad event is in the dead-letter topic with its reason (re-sends deduplicated by
     // their source position).
     let letters: BTreeMap<String, String> =
-        read_all(&env.kafka_config(), &fixture.topics.dead_letters, 1)
+        // One dead-letter partition per shard, as the operator creates the topic.
+        read_all(&env.kafka_config(), &fixture.topics.dead_letters, SHARDS as i32)
             .into_iter()
             .map(|(key, _, headers)| {
                 let reason = headers

@@ -134,6 +134,37 @@ impl TestEnv {
     pub async fn create_topic(&self, name: &str, partitions: i32, config: &[(&str, &str)]) {
         create_topic(&self.kafka_config(), name, partitions, config).await;
     }
+
+    /// [`create_metric_topics`] on the environment's broker.
+    pub async fn create_metric_topics(
+        &self,
+        namespace: &str,
+        name: &str,
+        input: &str,
+        shards: u32,
+    ) {
+        create_metric_topics(&self.kafka_config(), namespace, name, input, shards).await;
+    }
+}
+
+/// Creates the input topic with `shards` partitions and the internal topics of TopKMetric
+/// `name` in `namespace`, as the operator does; panics on failure (a setup step).
+pub async fn create_metric_topics(
+    kafka: &ClientConfig,
+    namespace: &str,
+    name: &str,
+    input: &str,
+    shards: u32,
+) {
+    create_topic(kafka, input, shards as i32, &[]).await;
+    for topic in topk_api::topics::internal_topics(namespace, name, shards) {
+        let config: &[(&str, &str)] = if topic.compacted {
+            &[("cleanup.policy", "compact")]
+        } else {
+            &[]
+        };
+        create_topic(kafka, &topic.name, topic.partitions, config).await;
+    }
 }
 
 /// Creates a topic through the broker `kafka` points at; panics on failure (a setup step).

@@ -38,15 +38,7 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let name = unique_name("bench");
     let input = unique_name("bench-input");
-    let topics = topk_api::topics::TopicNames::of("bench", &name);
-    runtime.block_on(async {
-        env.create_topic(&input, SHARDS as i32, &[]).await;
-        env.create_topic(&topics.summaries, 1, &[]).await;
-        let compact = [("cleanup.policy", "compact")];
-        env.create_topic(&topics.snapshots, SHARDS as i32, &compact)
-            .await;
-        env.create_topic(&topics.dead_letters, 1, &[]).await;
-    });
+    runtime.block_on(env.create_metric_topics("bench", &name, &input, SHARDS));
 
     let producer: ThreadedProducer<DefaultProducerContext> = env
         .kafka_config()
