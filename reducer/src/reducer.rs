@@ -98,7 +98,6 @@ pub struct Reducer {
     retention_due: BTreeSet<(String, String)>,
     last_retention: Instant,
     hours: Hours,
-    deny: BTreeSet<String>,
     /// Per composable window, its last publication as merged from the summaries, composed
     /// again when an hour in it becomes exact.
     last_streaming: BTreeMap<usize, Publication>,
@@ -191,7 +190,6 @@ impl Reducer {
             next_offset: start,
             retention_due: BTreeSet::new(),
             last_retention: Instant::now(),
-            deny: settings.deny_keys.iter().cloned().collect(),
             hours,
             last_streaming: BTreeMap::new(),
             settings,
@@ -459,7 +457,7 @@ impl Reducer {
                 None => return Ok(None),
             }
         }
-        let denied = |key: &str| self.deny.contains(key);
+        let denied = |key: &str| self.state.denied(key);
         let k = self.settings.merge.k;
         let rankings = if all_time {
             let parts = LongParts {
@@ -580,7 +578,7 @@ impl Reducer {
         };
         let tops = self.hours.tops(hour_ms)?;
         let hours = &self.hours;
-        let denied = |key: &str| self.deny.contains(key);
+        let denied = |key: &str| self.state.denied(key);
         let result = grade(
             &streaming,
             &tops,

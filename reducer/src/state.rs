@@ -173,6 +173,11 @@ impl ReducerState {
         self.deny = keys.into_iter().collect();
     }
 
+    /// Whether `key` is left out of the lists (also of those composed from exact hours).
+    pub fn denied(&self, key: &str) -> bool {
+        self.deny.contains(key)
+    }
+
     /// Takes a new assignment table: pending summaries of epochs it replaced are dropped, and
     /// quarantined ones are offered again. Returns the outcomes of those offered again.
     pub fn set_table(&mut self, table: AssignmentTable) -> Vec<Outcome> {
