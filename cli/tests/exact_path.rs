@@ -16,7 +16,7 @@ use serde_json::Value;
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::partition::message_key;
 use topk_engine::summary::rank_order;
-use topk_testenv::{TestEnv, unique_name};
+use topk_testenv::{TestEnv, list_items, unique_name};
 
 const SHARDS: u32 = 2;
 const K: usize = 5;
@@ -211,9 +211,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
             list(window, "").filter(|l| l["windowEnd"].as_str() >= Some(third_hour_end.as_str()))
         });
         assert!(streamed.get("exactUntil").is_none(), "{streamed}");
-        let song0 = common::items(&streamed)
-            .into_iter()
-            .find(|i| i.0 == "song-0");
+        let song0 = list_items(&streamed).into_iter().find(|i| i.0 == "song-0");
         assert!(
             song0.is_some_and(|i| i.1 >= exact_song0 + REDELIVERED),
             "{streamed}"
@@ -245,13 +243,13 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
             assert_eq!(composed["mode"], "approximate");
             if h == 2 {
                 // Every hour with data is exact: the lists are the recount's, bound zero.
-                assert_eq!(common::items(&composed), top(&exact, ""), "{window}");
+                assert_eq!(list_items(&composed), top(&exact, ""), "{window}");
                 assert_eq!(composed["maxOvercount"], 0);
                 let eu = list(window, "eu").expect("eu list");
-                assert_eq!(common::items(&eu), top(&exact, "eu"), "{window} eu");
+                assert_eq!(list_items(&eu), top(&exact, "eu"), "{window} eu");
             } else {
                 // The open hours are still streaming estimates, re-deliveries included.
-                let song0 = common::items(&composed)
+                let song0 = list_items(&composed)
                     .into_iter()
                     .find(|i| i.0 == "song-0")
                     .map(|i| i.1);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::{await_some, get, spawn, topk};
 use serde_json::Value;
+use topk_testenv::list_items;
 
 const MANIFEST: &str = r#"
 apiVersion: topk.io/v1alpha1
@@ -60,20 +61,6 @@ fn fixture() -> (tempfile::TempDir, String, String) {
     (dir, m, i)
 }
 
-fn items(record: &Value) -> Vec<(String, u64)> {
-    record["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            (
-                i["key"].as_str().unwrap().to_owned(),
-                i["count"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
-
 fn pairs(v: &[(&str, u64)]) -> Vec<(String, u64)> {
     v.iter().map(|(k, c)| (k.to_string(), *c)).collect()
 }
@@ -121,13 +108,16 @@ fn exit_at_end_prints_every_list_and_the_rejections() {
     let one_minute = find("1m", "");
     assert_eq!(one_minute["windowStart"], "2026-09-01T19:00:30Z");
     assert_eq!(one_minute["windowEnd"], "2026-09-01T19:01:30Z");
-    assert_eq!(items(one_minute), pairs(&[("a", 5), ("b", 3), ("c", 3)]));
+    assert_eq!(
+        list_items(one_minute),
+        pairs(&[("a", 5), ("b", 3), ("c", 3)])
+    );
     assert_eq!(one_minute["mode"], "exact");
     assert_eq!(one_minute["maxOvercount"], 0);
-    assert_eq!(items(find("1m", "eu")), pairs(&[("d", 1)]));
+    assert_eq!(list_items(find("1m", "eu")), pairs(&[("d", 1)]));
     let all = find("all", "");
     assert!(all.get("windowStart").is_none());
-    assert_eq!(items(all), pairs(&[("old", 50), ("a", 5), ("b", 3)]));
+    assert_eq!(list_items(all), pairs(&[("old", 50), ("a", 5), ("b", 3)]));
 }
 
 #[test]
@@ -142,7 +132,7 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
         let record: Value = serde_json::from_str(&body).ok()?;
         (status == 200 && record["windowEnd"] == "2026-09-01T19:01:30Z").then_some(record)
     });
-    assert_eq!(items(&record), pairs(&[("a", 5), ("b", 3)]));
+    assert_eq!(list_items(&record), pairs(&[("a", 5), ("b", 3)]));
     for field in [
         "asOf",
         "watermark",
@@ -158,7 +148,7 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
     let (status, body) = get(&format!("{base}/v1/rankings/clicks?window=all&scope=eu"));
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        items(&serde_json::from_str(&body).unwrap()),
+        list_items(&serde_json::from_str(&body).unwrap()),
         pairs(&[("d", 1)])
     );
 

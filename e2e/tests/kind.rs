@@ -3,10 +3,9 @@
 //! makes a missing cluster a failure. Each scenario uses its own namespace, topic and metric.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
@@ -14,6 +13,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use topk_api::TopKMetric;
+use topk_testenv::{await_some, list_items as items};
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -202,21 +202,6 @@ spec:
     }
 }
 
-async fn await_some<T, F: Future<Output = Option<T>>>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
 /// `song-i` played `i + 1` times, i in 0..12, shuffled deterministically.
 fn plays(round: u64) -> Vec<String> {
     let mut keys: Vec<String> = (0..12)
@@ -234,23 +219,6 @@ fn top5(counts: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
     all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     all.truncate(5);
     all
-}
-
-fn items(list: &Value) -> Vec<(String, u64)> {
-    list["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|i| {
-                    (
-                        i["key"].as_str().unwrap_or_default().to_owned(),
-                        i["count"].as_u64().unwrap_or(0),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn add(counts: &mut BTreeMap<String, u64>, keys: &[String]) {

@@ -290,6 +290,24 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
+/// The (key, count) pairs of a served ranking (`GET /v1/topk` JSON); empty when it has none.
+pub fn list_items(list: &serde_json::Value) -> Vec<(String, u64)> {
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|i| {
+                    (
+                        i["key"].as_str().unwrap_or_default().to_owned(),
+                        i["count"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Polls `check` until it yields `Some`, panicking with `what` after `timeout`.
 pub async fn await_some<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where

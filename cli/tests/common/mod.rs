@@ -4,7 +4,6 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStderr, Command, Stdio};
 
-use serde_json::Value;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -95,22 +94,4 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// The (key, count) pairs of a served list; empty when it has none.
-pub fn items(list: &Value) -> Vec<(String, u64)> {
-    list["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|i| {
-                    (
-                        i["key"].as_str().unwrap_or_default().to_owned(),
-                        i["count"].as_u64().unwrap_or(0),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
