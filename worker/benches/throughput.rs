@@ -72,7 +72,7 @@ fn main() {
         bytes / events as usize
     );
 
-    let bare = bare_consumer(&env, &input, events);
+    let (bare, bare_cpu) = bare_consumer(&env, &input, events);
     eprintln!("bare consumer: {bare:?}");
     let run = worker(&env, &name, &input, events);
     let per_sec = |secs: f64| events as f64 / secs;
@@ -97,6 +97,13 @@ fn main() {
             times.runnable_waiting.as_secs_f64() * 1000.0
         );
     }
+    if let Some(cpu) = bare_cpu {
+        println!(
+            "bare consumer, whole process: {:.2} s on a CPU ({:.0} events per CPU-second)",
+            cpu.as_secs_f64(),
+            per_sec(cpu.as_secs_f64())
+        );
+    }
     if let Some(process) = run.process {
         println!(
             "whole process while counting: {:.2} s on a CPU ({:.0} events per CPU-second)",
@@ -112,8 +119,9 @@ fn main() {
     );
 }
 
-/// Reads every event of `topic` from the beginning, touching each payload.
-fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> Duration {
+/// Reads every event of `topic` from the beginning, touching each payload. Returns the time
+/// taken and every thread's CPU time meanwhile (Linux only).
+fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> (Duration, Option<Duration>) {
     let consumer: BaseConsumer = env
         .kafka_config()
         .set("group.id", unique_name("bare"))
@@ -127,6 +135,7 @@ fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> Duration {
     }
     consumer.assign(&tpl).expect("assign");
     let started = Instant::now();
+    let cpu_before = process_cpu();
     let mut seen = 0u64;
     let mut checksum = 0usize;
     while seen < events {
@@ -136,7 +145,10 @@ fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> Duration {
         }
     }
     std::hint::black_box(checksum);
-    started.elapsed()
+    let cpu = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    (started.elapsed(), cpu)
 }
 
 /// What one worker run measured.
