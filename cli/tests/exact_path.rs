@@ -16,7 +16,7 @@ use serde_json::Value;
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::partition::message_key;
 use topk_engine::summary::rank_order;
-use topk_testenv::{TestEnv, list_items, unique_name};
+use topk_testenv::{TestEnv, list_items, metric_manifest, unique_name};
 
 const SHARDS: u32 = 2;
 const K: usize = 5;
@@ -26,25 +26,25 @@ const WAIT: Duration = Duration::from_secs(120);
 const REDELIVERED: u64 = 100;
 
 fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
-    format!(
-        r#"
-apiVersion: topk.io/v1alpha1
-kind: TopKMetric
-metadata: {{name: {name}}}
-spec:
-  metric: plays
-  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
-  shards: {SHARDS}
-  k: {K}
-  mode: approximate
-  sketch: {{epsilon: 0.001, delta: 0.001, candidates: 20}}
-  allowedLateness: 1s
-  recount: {{grace: 1m}}
-  windows:
-    - {{name: 1h, length: 1h, bucket: 5m}}
-    - {{name: 24h, length: 24h, bucket: 1h}}
-    - {{name: all, allTime: true, bucket: 1h}}
+    metric_manifest(
+        name,
+        "plays",
+        bootstrap,
+        topic,
+        &format!(
+            r#"
+shards: {SHARDS}
+k: {K}
+mode: approximate
+sketch: {{epsilon: 0.001, delta: 0.001, candidates: 20}}
+allowedLateness: 1s
+recount: {{grace: 1m}}
+windows:
+  - {{name: 1h, length: 1h, bucket: 5m}}
+  - {{name: 24h, length: 24h, bucket: 1h}}
+  - {{name: all, allTime: true, bucket: 1h}}
 "#
+        ),
     )
 }
 

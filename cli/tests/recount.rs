@@ -16,28 +16,26 @@ use topk_api::record::{ExactHourChunk, ExactHourManifest, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::partition::message_key;
-use topk_testenv::{TestEnv, unique_name};
+use topk_testenv::{TestEnv, metric_manifest, unique_name};
 
 const HOUR: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z
 const MINUTE: i64 = 60_000;
 
 fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
-    format!(
+    metric_manifest(
+        name,
+        "plays",
+        bootstrap,
+        topic,
         r#"
-apiVersion: topk.io/v1alpha1
-kind: TopKMetric
-metadata: {{name: {name}}}
-spec:
-  metric: plays
-  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
-  shards: 2
-  k: 10
-  maxKeyBytes: 16
-  allowedLateness: 1m
-  recount: {{grace: 5m}}
-  windows:
-    - {{name: 1h, length: 1h, bucket: 1m}}
-"#
+shards: 2
+k: 10
+maxKeyBytes: 16
+allowedLateness: 1m
+recount: {grace: 5m}
+windows:
+  - {name: 1h, length: 1h, bucket: 1m}
+"#,
     )
 }
 

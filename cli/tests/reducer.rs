@@ -12,28 +12,28 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use serde_json::Value;
 use topk_engine::partition::message_key;
 use topk_engine::summary::rank_order;
-use topk_testenv::{TestEnv, list_items, unique_name};
+use topk_testenv::{TestEnv, list_items, metric_manifest, unique_name};
 
 const SHARDS: u32 = 2;
 const WAIT: Duration = Duration::from_secs(120);
 
 fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
-    format!(
-        r#"
-apiVersion: topk.io/v1alpha1
-kind: TopKMetric
-metadata: {{name: {name}}}
-spec:
-  metric: plays
-  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
-  shards: {SHARDS}
-  k: 10
-  allowedLateness: 1s
-  denyKeys: [song-banned]
-  windows:
-    - {{name: 1h, length: 1h, bucket: 1s}}
-    - {{name: all, allTime: true, bucket: 1s}}
+    metric_manifest(
+        name,
+        "plays",
+        bootstrap,
+        topic,
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 10
+allowedLateness: 1s
+denyKeys: [song-banned]
+windows:
+  - {{name: 1h, length: 1h, bucket: 1s}}
+  - {{name: all, allTime: true, bucket: 1s}}
 "#
+        ),
     )
 }
 

@@ -23,7 +23,9 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 use topk_api::topics::TopicNames;
 use topk_engine::partition::{message_key, shard_for};
-use topk_testenv::{PrivateKafka, TestEnv, await_some, create_metric_topics, unique_name};
+use topk_testenv::{
+    PrivateKafka, TestEnv, await_some, create_metric_topics, metric_manifest, unique_name,
+};
 use topk_worker::SummaryRecord;
 
 const SHARDS: u32 = 2;
@@ -31,22 +33,22 @@ const KEYS: u32 = 40;
 const WAIT: Duration = Duration::from_secs(120);
 
 fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
-    format!(
-        r#"
-apiVersion: topk.io/v1alpha1
-kind: TopKMetric
-metadata: {{name: {name}}}
-spec:
-  metric: plays
-  source: {{kafka: {{bootstrapServers: "{bootstrap}", topic: {topic}}}}}
-  shards: {SHARDS}
-  k: 100
-  maxKeyBytes: 32
-  allowedLateness: 1s
-  windows:
-    - {{name: 1h, length: 1h, bucket: 1m}}
-    - {{name: all, allTime: true, bucket: 1s}}
+    metric_manifest(
+        name,
+        "plays",
+        bootstrap,
+        topic,
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 100
+maxKeyBytes: 32
+allowedLateness: 1s
+windows:
+  - {{name: 1h, length: 1h, bucket: 1m}}
+  - {{name: all, allTime: true, bucket: 1s}}
 "#
+        ),
     )
 }
 

@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use topk_api::TopKMetric;
-use topk_testenv::{await_some, list_items as items};
+use topk_testenv::{await_some, list_items as items, metric_manifest};
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -158,25 +158,19 @@ impl Cluster {
     }
 
     async fn apply_metric(&self, ns: &str, name: &str, topic: &str, workers: u32) {
-        let metric: TopKMetric = topk_api::load_manifest(&format!(
+        let spec = format!(
             r#"
-apiVersion: topk.io/v1alpha1
-kind: TopKMetric
-metadata: {{name: {name}}}
-spec:
-  metric: plays
-  source: {{kafka: {{bootstrapServers: "{}", topic: {topic}}}}}
-  shards: 4
-  k: 5
-  workers: {{replicas: {workers}, idleTimeout: 2s}}
-  allowedLateness: 2s
-  windows:
-    - {{name: 1h, length: 1h, bucket: 1m}}
-    - {{name: all, allTime: true, bucket: 10s}}
-"#,
-            self.bootstrap()
-        ))
-        .expect("manifest");
+shards: 4
+k: 5
+workers: {{replicas: {workers}, idleTimeout: 2s}}
+allowedLateness: 2s
+windows:
+  - {{name: 1h, length: 1h, bucket: 1m}}
+  - {{name: all, allTime: true, bucket: 10s}}
+"#
+        );
+        let manifest = metric_manifest(name, "plays", &self.bootstrap(), topic, &spec);
+        let metric: TopKMetric = topk_api::load_manifest(&manifest).expect("manifest");
         Api::<TopKMetric>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &metric)
             .await

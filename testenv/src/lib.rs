@@ -290,6 +290,27 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
+/// A TopKMetric manifest (YAML) named `name` that counts `metric` from `topic` on `bootstrap`;
+/// `spec` holds the rest of the spec, one field per line, unindented.
+pub fn metric_manifest(
+    name: &str,
+    metric: &str,
+    bootstrap: &str,
+    topic: &str,
+    spec: &str,
+) -> String {
+    let mut out = format!(
+        "apiVersion: topk.io/v1alpha1\nkind: TopKMetric\nmetadata: {{name: {name}}}\nspec:\n  \
+         metric: {metric}\n  source: {{kafka: {{bootstrapServers: \"{bootstrap}\", topic: {topic}}}}}\n"
+    );
+    for line in spec.trim_matches('\n').lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// The (key, count) pairs of a served ranking (`GET /v1/topk` JSON); empty when it has none.
 pub fn list_items(list: &serde_json::Value) -> Vec<(String, u64)> {
     list["items"]
@@ -450,4 +471,21 @@ async fn set_pod_phase(
             .await?;
     }
     Ok(list.items.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_manifest_loads_with_its_spec_lines_in_place() {
+        let spec = "shards: 3\nk: 7\nwindows:\n  - {name: 1h, length: 1h, bucket: 1m}\n";
+        let manifest = metric_manifest("m", "plays", "kafka:9092", "input", spec);
+        let metric = topk_api::load_manifest(&manifest).expect("manifest");
+        assert_eq!(metric.metadata.name.as_deref(), Some("m"));
+        assert_eq!(metric.spec.metric, "plays");
+        assert_eq!(metric.spec.source.kafka.topic, "input");
+        assert_eq!((metric.spec.shards, metric.spec.k), (3, 7));
+        assert_eq!(metric.spec.windows.len(), 1);
+    }
 }

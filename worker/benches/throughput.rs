@@ -15,7 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::{AssignmentTable, ShardOwner};
 use topk_engine::partition::message_key;
-use topk_testenv::{TestEnv, unique_name};
+use topk_testenv::{TestEnv, metric_manifest, unique_name};
 use topk_worker::{Health, Worker};
 
 // The same allocator as the `topk` binary, so that the numbers are the deployed worker's.
@@ -168,22 +168,16 @@ struct WorkerRun {
 
 /// Runs a worker owning every shard until it has read `events`.
 fn worker(env: &TestEnv, name: &str, topic: &str, events: u64) -> WorkerRun {
-    let manifest = format!(
+    let spec = format!(
         r#"
-apiVersion: topk.io/v1alpha1
-kind: TopKMetric
-metadata: {{name: {name}}}
-spec:
-  metric: bench
-  source: {{kafka: {{bootstrapServers: "{}", topic: {topic}}}}}
-  shards: {SHARDS}
-  k: 100
-  windows:
-    - {{name: 5m, length: 5m, bucket: 10s}}
-    - {{name: 1h, length: 1h, bucket: 1m}}
-"#,
-        env.kafka_bootstrap
+shards: {SHARDS}
+k: 100
+windows:
+  - {{name: 5m, length: 5m, bucket: 10s}}
+  - {{name: 1h, length: 1h, bucket: 1m}}
+"#
     );
+    let manifest = metric_manifest(name, "bench", &env.kafka_bootstrap, topic, &spec);
     let metric = topk_api::load_manifest(&manifest).expect("manifest");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut settings =
@@ -246,15 +240,14 @@ spec:
 
 /// CPU time of every thread of this process so far, from `/proc/self/task/*/schedstat`.
 fn process_cpu() -> Option<Duration> {
-    let mut total = 0u64;
+    let mut total = Duration::ZERO;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let text = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
-        total += text.split_whitespace().next()?.parse::<u64>().ok()?;
+        total += ThreadTimes::at(&task.ok()?.path().join("schedstat"))?.on_cpu;
     }
-    Some(Duration::from_nanos(total))
+    Some(total)
 }
 
-/// The calling thread's time on a CPU and waiting for one, from `/proc/thread-self/schedstat`.
+/// A thread's time on a CPU and waiting for one, from its `schedstat`.
 #[derive(Debug)]
 struct ThreadTimes {
     on_cpu: Duration,
@@ -262,8 +255,13 @@ struct ThreadTimes {
 }
 
 impl ThreadTimes {
+    /// The calling thread's.
     fn read() -> Option<ThreadTimes> {
-        let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        Self::at(std::path::Path::new("/proc/thread-self/schedstat"))
+    }
+
+    fn at(schedstat: &std::path::Path) -> Option<ThreadTimes> {
+        let text = std::fs::read_to_string(schedstat).ok()?;
         let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
         Some(ThreadTimes {
             on_cpu: Duration::from_nanos(fields.next()??),
