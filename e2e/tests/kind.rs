@@ -180,7 +180,8 @@ windows:
     /// A list from the metric's reducer, through the apiserver's service proxy.
     async fn list(&self, ns: &str, name: &str, window: &str) -> Option<Value> {
         let path = format!(
-            "/api/v1/namespaces/{ns}/services/{name}-reducer:http/proxy/v1/rankings/plays?window={window}&k=5"
+            "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/rankings/plays?window={window}&k=5",
+            topk_api::names::Names::of(name).reducer
         );
         let request = http::Request::get(path).body(Vec::new()).ok()?;
         let text = self.client.request_text(request).await.ok()?;

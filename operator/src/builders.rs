@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use topk_api::TopKMetric;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+pub use topk_api::names::Names;
 
 use crate::error::Error;
 
@@ -68,31 +69,6 @@ pub const HOUR_START_ANNOTATION: &str = "topk.io/hour-start";
 /// stay out.
 pub const RECOUNT_FROM_ANNOTATION: &str = "topk.io/recount-from";
 const API_PORT: i32 = 8080;
-
-/// Names of the objects owned by one TopKMetric.
-pub struct Names {
-    pub config: String,
-    pub assignment: String,
-    pub worker: String,
-    pub reducer: String,
-    pub data_plane: String,
-    /// Where workers report the assignment version they have applied (key `worker-N`).
-    pub worker_reports: String,
-}
-
-impl Names {
-    pub fn of(metric: &TopKMetric) -> Self {
-        let name = metric.name_any();
-        Names {
-            config: format!("{name}-config"),
-            assignment: format!("{name}-assignment"),
-            worker: format!("{name}-worker"),
-            reducer: format!("{name}-reducer"),
-            data_plane: format!("{name}-data-plane"),
-            worker_reports: format!("{name}-worker-reports"),
-        }
-    }
-}
 
 /// The objects of one TopKMetric, in apply order.
 pub struct Desired {
@@ -184,7 +160,7 @@ pub fn desired(
     table: &AssignmentTable,
     settings: &Settings,
 ) -> Result<Desired, Error> {
-    let names = Names::of(metric);
+    let names = Names::of(&metric.name_any());
     let config = rendered_config(metric)?;
     let hash = config_hash(&config);
     let assignment = serde_json::to_string_pretty(table).map_err(Error::Build)?;
@@ -371,7 +347,7 @@ pub fn recount_job(
     attempt: u32,
     settings: &Settings,
 ) -> Result<Job, Error> {
-    let names = Names::of(metric);
+    let names = Names::of(&metric.name_any());
     let hour = hour_id(hour_ms)?;
     let start = Timestamp::from_millisecond(hour_ms).map_err(|_| Error::Clock(hour_ms))?;
     let name = bounded_name(&metric.name_any(), &format!("-recount-{hour}-{attempt}"));

@@ -269,7 +269,7 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         tracing::warn!(name = %metric.name_any(), reason = problem.reason(), "{}", problem.message());
     }
 
-    let names = Names::of(metric);
+    let names = Names::of(&metric.name_any());
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let live_table = configmaps.get_opt(&names.assignment).await?;

@@ -220,7 +220,7 @@ pub async fn run(
             tokio::spawn(topk_worker::control::watch_configmap(
                 client,
                 namespace,
-                format!("{}-assignment", settings.name),
+                topk_api::names::Names::of(&settings.name).assignment,
                 table_tx,
             ));
         }

@@ -134,16 +134,17 @@ pub async fn run(
             }
         }
         ControlPlane::Kubernetes { client, namespace } => {
+            let names = topk_api::names::Names::of(&settings.name);
             tokio::spawn(control::watch_configmap(
                 client.clone(),
                 namespace.clone(),
-                format!("{}-assignment", settings.name),
+                names.assignment,
                 table_tx,
             ));
             tokio::spawn(control::report_to_configmap(
                 client,
                 namespace,
-                format!("{}-worker-reports", settings.name),
+                names.worker_reports,
                 settings.ordinal,
                 report_rx,
             ));

@@ -16,6 +16,7 @@ use kube::{Api, Client};
 use serde_json::Value;
 use topk_api::TopKMetric;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+use topk_api::names::Names;
 
 #[derive(Parser)]
 #[command(
@@ -100,7 +101,8 @@ async fn run(cli: Cli) -> Result<String, String> {
                 query.push(("k", k.to_string()));
             }
             let path = format!(
-                "/api/v1/namespaces/{ns}/services/{name}-reducer:http/proxy/v1/rankings/{}?{}",
+                "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/rankings/{}?{}",
+                Names::of(&name).reducer,
                 encode(&metric.spec.metric),
                 query
                     .iter()
@@ -137,7 +139,7 @@ async fn run(cli: Cli) -> Result<String, String> {
         Command::Status { .. } => {
             let maps: Api<ConfigMap> = Api::namespaced(client, &ns);
             let table = maps
-                .get_opt(&format!("{name}-assignment"))
+                .get_opt(&Names::of(&name).assignment)
                 .await
                 .map_err(|e| format!("cannot read the assignment of {ns}/{name}: {e}"))?
                 .and_then(|cm| cm.data?.get(ASSIGNMENT_KEY).cloned())

@@ -1,0 +1,28 @@
+//! Names of the Kubernetes objects the operator creates for a TopKMetric, shared with the
+//! components and tools that look them up (workers, reducers, `kubectl topk`).
+
+/// Names of the objects owned by one TopKMetric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub config: String,
+    pub assignment: String,
+    pub worker: String,
+    pub reducer: String,
+    pub data_plane: String,
+    /// Where workers report the assignment version they have applied (key `worker-N`).
+    pub worker_reports: String,
+}
+
+impl Names {
+    /// The names for the TopKMetric called `name`.
+    pub fn of(name: &str) -> Self {
+        Names {
+            config: format!("{name}-config"),
+            assignment: format!("{name}-assignment"),
+            worker: format!("{name}-worker"),
+            reducer: format!("{name}-reducer"),
+            data_plane: format!("{name}-data-plane"),
+            worker_reports: format!("{name}-worker-reports"),
+        }
+    }
+}
