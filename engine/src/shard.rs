@@ -115,14 +115,16 @@ impl ShardCounter {
         let mut missed = 0;
         match &mut self.state {
             State::Exact { keys, windows } => {
-                let (id, fresh) = match keys.find(hash, scope_id, key) {
-                    Some(id) => (id, false),
-                    None if admit() => (keys.insert(hash, scope_id, key), true),
-                    None => return false,
+                for w in windows.iter_mut() {
+                    w.open_newest(time_ms, keys);
+                }
+                let Some((mut slots, fresh)) = keys.lookup(hash, scope_id, key, admit) else {
+                    return false;
                 };
                 for w in windows.iter_mut() {
-                    missed += u64::from(!w.add(time_ms, id, cost, keys));
+                    missed += u64::from(!w.add(time_ms, cost, &mut slots));
                 }
+                let id = slots.id;
                 if fresh {
                     keys.free_if_unheld(id);
                 }
@@ -341,8 +343,13 @@ impl ShardCounter {
                                 return fail(format!("unknown scope id {scope}"));
                             }
                             let hash = key_hash(counter.scopes.seed(*scope), key);
-                            let id = keys.intern(hash, *scope, key);
-                            w.add(time_ms, id, *count, keys);
+                            w.open_newest(time_ms, keys);
+                            let Some((mut slots, _)) = keys.lookup(hash, *scope, key, || true)
+                            else {
+                                continue;
+                            };
+                            w.add(time_ms, *count, &mut slots);
+                            let id = slots.id;
                             keys.free_if_unheld(id);
                         }
                     }
