@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use topk_api::assignment::{AssignmentTable, ShardOwner};
 use topk_engine::partition::message_key;
 use topk_testenv::{TestEnv, metric_manifest, unique_name};
+use topk_worker::input::InputConsumer;
 use topk_worker::{Health, Worker};
 
 // The same allocator as the `topk` binary, so that the numbers are the deployed worker's.
@@ -72,16 +73,21 @@ fn main() {
         bytes / events as usize
     );
 
-    let (bare, bare_cpu) = bare_consumer(&env, &input, events);
-    eprintln!("bare consumer: {bare:?}");
+    let (polled, polled_cpu) = bare_consumer(&env, &input, events, Reads::Poll);
+    let (bare, bare_cpu) = bare_consumer(&env, &input, events, Reads::Batch);
     let run = worker(&env, &name, &input, events);
     let per_sec = |secs: f64| events as f64 / secs;
     println!();
     println!("| reader | events/s | ratio |");
     println!("|---|---:|---:|");
     println!(
-        "| bare rdkafka consumer | {:.0} | 1.00 |",
+        "| bare rdkafka consumer, batch reads | {:.0} | 1.00 |",
         per_sec(bare.as_secs_f64())
+    );
+    println!(
+        "| bare rdkafka consumer, one `poll` per message | {:.0} | {:.2} |",
+        per_sec(polled.as_secs_f64()),
+        bare.as_secs_f64() / polled.as_secs_f64()
     );
     println!(
         "| topk worker (consume, parse, count, checkpoint) | {:.0} | {:.2} |",
@@ -97,12 +103,14 @@ fn main() {
             times.runnable_waiting.as_secs_f64() * 1000.0
         );
     }
-    if let Some(cpu) = bare_cpu {
-        println!(
-            "bare consumer, whole process: {:.2} s on a CPU ({:.0} events per CPU-second)",
-            cpu.as_secs_f64(),
-            per_sec(cpu.as_secs_f64())
-        );
+    for (reads, cpu) in [("batch reads", bare_cpu), ("poll per message", polled_cpu)] {
+        if let Some(cpu) = cpu {
+            println!(
+                "bare consumer ({reads}), whole process: {:.2} s on a CPU ({:.0} events per CPU-second)",
+                cpu.as_secs_f64(),
+                per_sec(cpu.as_secs_f64())
+            );
+        }
     }
     if let Some(process) = run.process {
         println!(
@@ -119,9 +127,23 @@ fn main() {
     );
 }
 
+/// How a bare consumer reads.
+#[derive(Clone, Copy)]
+enum Reads {
+    /// The rdkafka crate's `poll`, one message per call.
+    Poll,
+    /// librdkafka's batch call, as the worker reads.
+    Batch,
+}
+
 /// Reads every event of `topic` from the beginning, touching each payload. Returns the time
 /// taken and every thread's CPU time meanwhile (Linux only).
-fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> (Duration, Option<Duration>) {
+fn bare_consumer(
+    env: &TestEnv,
+    topic: &str,
+    events: u64,
+    reads: Reads,
+) -> (Duration, Option<Duration>) {
     let consumer: BaseConsumer = env
         .kafka_config()
         .set("group.id", unique_name("bare"))
@@ -134,14 +156,29 @@ fn bare_consumer(env: &TestEnv, topic: &str, events: u64) -> (Duration, Option<D
             .expect("offset");
     }
     consumer.assign(&tpl).expect("assign");
+    let input = InputConsumer::new(consumer).expect("input consumer");
     let started = Instant::now();
     let cpu_before = process_cpu();
     let mut seen = 0u64;
     let mut checksum = 0usize;
+    let mut batch = Vec::new();
     while seen < events {
-        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
-            checksum = checksum.wrapping_add(msg.payload().map_or(0, <[u8]>::len));
-            seen += 1;
+        match reads {
+            Reads::Poll => {
+                if let Some(Ok(msg)) = input.consumer().poll(Duration::from_millis(100)) {
+                    checksum = checksum.wrapping_add(msg.payload().map_or(0, <[u8]>::len));
+                    seen += 1;
+                }
+            }
+            Reads::Batch => {
+                input.read(Duration::from_millis(100), 64, &mut batch);
+                for msg in batch.drain(..) {
+                    if msg.error().is_none() {
+                        checksum = checksum.wrapping_add(msg.payload().len());
+                        seen += 1;
+                    }
+                }
+            }
         }
     }
     std::hint::black_box(checksum);

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod control;
 pub mod error;
 pub mod handoff;
+pub mod input;
 pub mod metrics;
 pub mod output;
 pub mod worker;

@@ -14,9 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
@@ -30,6 +29,7 @@ use topk_engine::{EngineConfig, ShardSummary};
 use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::error::Error;
 use crate::handoff;
+use crate::input::{InputConsumer, InputMessage};
 use crate::metrics::{ShardLabel, WorkerMetrics};
 use crate::output::{DeliveryCounter, send};
 
@@ -85,7 +85,7 @@ pub struct Worker {
     sink: Sink,
     /// Reads shard snapshots from the handoff topic.
     snapshot_reader: BaseConsumer,
-    consumer: BaseConsumer,
+    input: InputConsumer,
     delivery: DeliveryCounter,
     store: CheckpointStore,
     owned: BTreeMap<u32, Owned>,
@@ -107,44 +107,34 @@ struct Batch {
 }
 
 impl Sink {
-    /// Polls up to [`BATCH`] messages (waiting up to 100 ms for the first, not at all for the
+    /// Reads up to [`BATCH`] messages (waiting up to 100 ms for the first, not at all for the
     /// rest) and handles them in order.
     fn consume_batch(
         &self,
-        consumer: &BaseConsumer,
+        input: &InputConsumer,
         now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
         summaries: &mut Vec<ShardSummary>,
     ) -> Result<Batch, Error> {
         let mut messages = Vec::with_capacity(BATCH);
-        let mut polled = 0;
-        let mut wait = Duration::from_millis(100);
         // Bounded by what the consumer returns, errors included, so a burst of errors ends too.
-        while (polled as usize) < BATCH {
-            let Some(result) = consumer.poll(wait) else {
-                break;
-            };
-            polled += 1;
-            wait = Duration::ZERO;
-            match result {
-                Ok(msg) => messages.push(msg),
-                Err(err) => {
-                    self.health.metrics.kafka_errors.inc();
-                    tracing::warn!(%err, "consumer error");
-                }
-            }
-        }
+        let polled = input.read(Duration::from_millis(100), BATCH, &mut messages) as u32;
         // One independent load per payload end: the cache misses on them overlap here
         // instead of stalling the parser once per message.
         let touched = messages
             .iter()
-            .filter_map(|m| m.payload())
+            .map(InputMessage::payload)
             .fold(0u8, |acc, p| {
                 acc ^ p.first().copied().unwrap_or(0) ^ p.last().copied().unwrap_or(0)
             });
         std::hint::black_box(touched);
         let mut new = 0;
         for msg in &messages {
+            if let Some(err) = msg.error() {
+                self.health.metrics.kafka_errors.inc();
+                tracing::warn!(%err, "consumer error");
+                continue;
+            }
             new += u64::from(self.handle(msg, now_ms, owned, summaries)?);
         }
         Ok(Batch { polled, new })
@@ -154,7 +144,7 @@ impl Sink {
     /// Returns whether the message was new input (not re-delivered, not of a released shard).
     fn handle(
         &self,
-        msg: &BorrowedMessage<'_>,
+        msg: &InputMessage<'_>,
         now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
         summaries: &mut Vec<ShardSummary>,
@@ -170,7 +160,7 @@ impl Sink {
         owned.next_offset = offset + 1;
         owned.active = true;
         let metrics = &self.health.metrics;
-        let payload = msg.payload().unwrap_or_default();
+        let payload = msg.payload();
         let outcome = parse_event_bytes(payload, self.settings.engine.max_key_bytes)
             .and_then(|event| owned.stream.ingest(&event, now_ms, summaries));
         if let Err(reason) = outcome {
@@ -320,7 +310,7 @@ impl Worker {
                 health,
             },
             snapshot_reader,
-            consumer,
+            input: InputConsumer::new(consumer)?,
             delivery,
             store,
             owned: BTreeMap::new(),
@@ -354,7 +344,7 @@ impl Worker {
                 true
             } else {
                 let batch = self.sink.consume_batch(
-                    &self.consumer,
+                    &self.input,
                     clock_ms,
                     &mut self.owned,
                     &mut self.summaries,
@@ -372,6 +362,8 @@ impl Worker {
                 .metrics
                 .events_in
                 .inc_by(std::mem::take(&mut read));
+            let client_errors = self.input.drain_logs();
+            self.sink.health.metrics.kafka_errors.inc_by(client_errors);
             clock_ms = now_ms();
             let now = Instant::now();
             for owned in self.owned.values_mut() {
@@ -415,7 +407,8 @@ impl Worker {
         for shard in shards {
             // Idle means no new input, not a slow fetch: only a caught-up shard moves.
             let high = self
-                .consumer
+                .input
+                .consumer()
                 .fetch_watermarks(
                     &self.sink.settings.input_topic,
                     shard as i32,
@@ -502,7 +495,7 @@ impl Worker {
     /// Consumer lag per shard: a broker round trip per shard, so not on every checkpoint.
     fn measure_lag(&mut self) {
         for (shard, owned) in &self.owned {
-            if let Ok((_, high)) = self.consumer.fetch_watermarks(
+            if let Ok((_, high)) = self.input.consumer().fetch_watermarks(
                 &self.sink.settings.input_topic,
                 *shard as i32,
                 Duration::from_secs(1),
@@ -600,7 +593,7 @@ impl Worker {
                 Offset::Offset(owned.next_offset),
             )?;
         }
-        self.consumer.assign(&tpl)?;
+        self.input.consumer().assign(&tpl)?;
         // Idle summaries a crash kept from being sent go out now (the same records again).
         self.send_outboxes()?;
         self.sink
@@ -673,7 +666,7 @@ impl Worker {
         let (mut stream, next_offset, outbox) = match restored {
             Some(found) => found,
             None => {
-                let (low, _) = self.consumer.fetch_watermarks(
+                let (low, _) = self.input.consumer().fetch_watermarks(
                     &self.sink.settings.input_topic,
                     shard as i32,
                     Duration::from_secs(10),

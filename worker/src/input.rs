@@ -1,0 +1,241 @@
+//! Reading the input topic many messages per call.
+//!
+//! The rdkafka crate hands out one message per `poll`, and each call locks librdkafka's queue,
+//! wraps the message in an event and allocates a reference count for it: on the benchmark's
+//! small events that was about a quarter of a microsecond per message, a third of all the CPU
+//! a bare consumer spends. librdkafka's `rd_kafka_consume_batch_queue` (what
+//! confluent-kafka-python's `Consumer.consume(n)` calls) returns up to `n` messages per call;
+//! the crate does not wrap it, so this module does, and is the project's only `unsafe` code.
+//!
+//! The batch call also serves the other operations on the consumer queue. The crate routes
+//! librdkafka's logs through that queue (its main queue is forwarded there) and sets no log
+//! callback, so the batch call would drop them: [`InputConsumer`] therefore gives the client a
+//! log queue of its own, which [`InputConsumer::drain_logs`] turns into `tracing` events.
+//! Client-level errors (a broker down, say) arrive as logs at error level; consumer errors as
+//! messages with an error code.
+
+use std::ffi::CStr;
+use std::marker::PhantomData;
+use std::os::raw::c_char;
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use rdkafka::bindings as rd;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use crate::error::Error;
+
+/// Most messages one [`InputConsumer::read`] returns.
+pub const MAX_BATCH: usize = 256;
+
+/// An owned librdkafka queue handle.
+struct Queue(NonNull<rd::rd_kafka_queue_t>);
+
+impl Queue {
+    fn new(ptr: *mut rd::rd_kafka_queue_t, what: &str) -> Result<Self, Error> {
+        NonNull::new(ptr)
+            .map(Queue)
+            .ok_or_else(|| KafkaError::ClientCreation(format!("librdkafka gave no {what} queue")))
+            .map_err(Error::from)
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from librdkafka and is destroyed once, here.
+        unsafe { rd::rd_kafka_queue_destroy(self.0.as_ptr()) }
+    }
+}
+
+/// A consumer that reads its queue in batches. Fields drop in order: both queue handles go
+/// before the client they belong to.
+pub struct InputConsumer {
+    messages: Queue,
+    logs: Queue,
+    consumer: BaseConsumer,
+}
+
+// SAFETY: librdkafka's clients and queues are thread-safe; the handles are only pointers to
+// them, owned by this value.
+unsafe impl Send for InputConsumer {}
+
+impl InputConsumer {
+    /// Takes over a consumer created with a `group.id` (which gives it a consumer queue).
+    pub fn new(consumer: BaseConsumer) -> Result<Self, Error> {
+        let client = consumer.client().native_ptr();
+        // SAFETY: `client` is a live consumer handle; both calls return new queue references
+        // (or null, handled), which `Queue` destroys before the consumer goes.
+        let messages = Queue::new(
+            unsafe { rd::rd_kafka_queue_get_consumer(client) },
+            "consumer",
+        )?;
+        let logs = Queue::new(unsafe { rd::rd_kafka_queue_new(client) }, "log")?;
+        // SAFETY: both handles are live; librdkafka keeps its own reference to the log queue.
+        let err = unsafe { rd::rd_kafka_set_log_queue(client, logs.0.as_ptr()) };
+        if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return Err(KafkaError::Global(err.into()).into());
+        }
+        Ok(Self {
+            messages,
+            logs,
+            consumer,
+        })
+    }
+
+    /// The consumer, for assignments, seeks and watermarks.
+    pub fn consumer(&self) -> &BaseConsumer {
+        &self.consumer
+    }
+
+    /// Appends up to `max` (at most [`MAX_BATCH`]) messages to `out`: waits up to `wait` for the first one, then takes
+    /// whatever else is already fetched. Returns how many it appended.
+    pub fn read<'c>(
+        &'c self,
+        wait: Duration,
+        max: usize,
+        out: &mut Vec<InputMessage<'c>>,
+    ) -> usize {
+        let max = max.min(MAX_BATCH);
+        let ready = self.take(0, max, out);
+        if ready > 0 || wait.is_zero() {
+            return ready;
+        }
+        // The batch call waits until it has `max` messages; ask for one, then the rest.
+        let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        if self.take(wait_ms, 1, out) == 0 {
+            return 0;
+        }
+        1 + self.take(0, max.saturating_sub(1), out)
+    }
+
+    fn take<'c>(&'c self, timeout_ms: i32, max: usize, out: &mut Vec<InputMessage<'c>>) -> usize {
+        let max = max.min(MAX_BATCH);
+        if max == 0 {
+            return 0;
+        }
+        let start = out.len();
+        out.reserve(max);
+        let mut raw: [*mut rd::rd_kafka_message_t; MAX_BATCH] = [std::ptr::null_mut(); MAX_BATCH];
+        // SAFETY: `raw` has room for `max` pointers; librdkafka writes at most that many and
+        // returns how many (or -1 on error, taken as none).
+        let got = unsafe {
+            rd::rd_kafka_consume_batch_queue(
+                self.messages.0.as_ptr(),
+                timeout_ms,
+                raw.as_mut_ptr(),
+                max,
+            )
+        };
+        let got = usize::try_from(got).unwrap_or(0).min(max);
+        out.extend(
+            raw[..got]
+                .iter()
+                .filter_map(|&ptr| NonNull::new(ptr))
+                .map(|ptr| InputMessage {
+                    ptr,
+                    _consumer: PhantomData,
+                }),
+        );
+        out.len() - start
+    }
+
+    /// Turns librdkafka's queued log lines into `tracing` events. Returns how many were at
+    /// error level (client errors such as an unreachable broker).
+    pub fn drain_logs(&self) -> u64 {
+        let mut errors = 0;
+        loop {
+            // SAFETY: the log queue is live; a returned event is destroyed below.
+            let event = unsafe { rd::rd_kafka_queue_poll(self.logs.0.as_ptr(), 0) };
+            let Some(event) = NonNull::new(event) else {
+                return errors;
+            };
+            let mut facility: *const c_char = std::ptr::null();
+            let mut text: *const c_char = std::ptr::null();
+            let mut level = 0;
+            // SAFETY: `event` is live; on success the strings live as long as the event.
+            let found = unsafe {
+                rd::rd_kafka_event_log(event.as_ptr(), &mut facility, &mut text, &mut level)
+            };
+            if found == 0 {
+                let facility = c_text(facility);
+                let text = c_text(text);
+                // syslog levels: 0-3 errors, 4 warning, 5-6 notice/info, 7 debug.
+                match level {
+                    ..=3 => {
+                        errors += 1;
+                        tracing::error!(target: "librdkafka", %facility, "{text}");
+                    }
+                    4 => tracing::warn!(target: "librdkafka", %facility, "{text}"),
+                    5 | 6 => tracing::info!(target: "librdkafka", %facility, "{text}"),
+                    _ => tracing::debug!(target: "librdkafka", %facility, "{text}"),
+                }
+            }
+            // SAFETY: polled above, destroyed once.
+            unsafe { rd::rd_kafka_event_destroy(event.as_ptr()) };
+        }
+    }
+}
+
+/// A C string of librdkafka's, lossily, or "" for none.
+fn c_text(ptr: *const c_char) -> String {
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: librdkafka's strings are NUL-terminated and outlive this call.
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .trim()
+        .to_owned()
+}
+
+/// One message (or consumer error) read by [`InputConsumer::read`]; it cannot outlive the
+/// consumer, and gives its buffer back to librdkafka when dropped.
+pub struct InputMessage<'c> {
+    ptr: NonNull<rd::rd_kafka_message_t>,
+    _consumer: PhantomData<&'c InputConsumer>,
+}
+
+impl InputMessage<'_> {
+    fn raw(&self) -> &rd::rd_kafka_message_t {
+        // SAFETY: the message is live until `drop`, and librdkafka does not change it meanwhile.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The consumer error this message reports instead of data, if any.
+    pub fn error(&self) -> Option<String> {
+        let raw = self.raw();
+        if raw.err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
+        // SAFETY: `ptr` is a live message with an error code set.
+        let detail = c_text(unsafe { rd::rd_kafka_message_errstr(self.ptr.as_ptr()) });
+        Some(format!("{}: {detail}", RDKafkaErrorCode::from(raw.err)))
+    }
+
+    pub fn partition(&self) -> i32 {
+        self.raw().partition
+    }
+
+    pub fn offset(&self) -> i64 {
+        self.raw().offset
+    }
+
+    /// The payload; empty for none.
+    pub fn payload(&self) -> &[u8] {
+        let raw = self.raw();
+        if raw.payload.is_null() || raw.err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return &[];
+        }
+        // SAFETY: librdkafka's payload pointer and length describe one buffer that lives as
+        // long as the message.
+        unsafe { std::slice::from_raw_parts(raw.payload.cast::<u8>(), raw.len) }
+    }
+}
+
+impl Drop for InputMessage<'_> {
+    fn drop(&mut self) {
+        // SAFETY: read from librdkafka's batch call, destroyed once, here.
+        unsafe { rd::rd_kafka_message_destroy(self.ptr.as_ptr()) }
+    }
+}
