@@ -10,14 +10,14 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 
 use crate::config::WindowConfig;
-use crate::keys::{KeySlots, KeyTable, NewestSlot};
+use crate::keys::{KeyTable, NewestSlot};
 use crate::window::bucket_index;
 
 struct OpenBucket {
     idx: i64,
     entries: Vec<(u32, u64)>,
-    /// Position of each key in `entries`; built only for a bucket that is not the newest
-    /// (late events), since the newest bucket's counts sit in the key slots.
+    /// Position of each key in `entries`; built only if the bucket receives events after a
+    /// newer bucket opened (late events), since the newest bucket is indexed densely.
     index: Option<FxHashMap<u32, u32>>,
 }
 
@@ -67,39 +67,28 @@ impl ExactWindow {
         self.total
     }
 
-    /// Makes the bucket of `time_ms` the newest open bucket if it is newer than every open
-    /// one, moving the previous newest bucket's counts out of the key slots first. Called
-    /// before a key's slots are borrowed for [`ExactWindow::add`], which cannot reach the
-    /// other keys' slots.
+    /// Counts `cost` for key `id` at `time_ms`. Returns false (and counts nothing) when the
+    /// bucket is already closed; the pipeline's lateness rule prevents that.
     #[inline]
-    pub(crate) fn open_newest(&mut self, time_ms: i64, keys: &KeyTable) {
-        let idx = bucket_index(time_ms, self.bucket_ms);
-        if idx < self.closed_through || self.open.back().is_some_and(|b| b.idx >= idx) {
-            return;
-        }
-        self.settle_newest(keys);
-        self.open.push_back(OpenBucket {
-            idx,
-            entries: Vec::new(),
-            index: None,
-        });
-        self.newest = Some(idx);
-    }
-
-    /// Counts `cost` for the key of `slots` at `time_ms`. Returns false (and counts nothing)
-    /// when the bucket is already closed; the pipeline's lateness rule prevents that. Counts
-    /// in the newest bucket stay in the key's slot; other buckets (late events, or a newer
-    /// bucket that [`ExactWindow::open_newest`] did not open) keep theirs in their entries.
-    #[inline]
-    pub(crate) fn add(&mut self, time_ms: i64, cost: u64, slots: &mut KeySlots<'_>) -> bool {
+    pub(crate) fn add(&mut self, time_ms: i64, id: u32, cost: u64, keys: &mut KeyTable) -> bool {
         let idx = bucket_index(time_ms, self.bucket_ms);
         if idx < self.closed_through {
             return false;
         }
-        if self.newest == Some(idx)
-            && let Some(bucket) = self.open.iter_mut().rev().find(|b| b.idx == idx)
-        {
-            let slot = slots.newest(self.position);
+        if self.newest.is_none_or(|newest| idx > newest) {
+            self.settle_newest(keys);
+            self.open.push_back(OpenBucket {
+                idx,
+                entries: Vec::new(),
+                index: None,
+            });
+            self.newest = Some(idx);
+        }
+        if self.newest == Some(idx) {
+            let Some(bucket) = self.open.back_mut() else {
+                return false;
+            };
+            let slot = keys.newest_slot(id, self.position);
             if slot.bucket == idx {
                 slot.count += cost;
             } else {
@@ -108,8 +97,8 @@ impl ExactWindow {
                     count: cost,
                 };
                 // The count stays in the slot until the bucket stops being the newest.
-                bucket.entries.push((slots.id, 0));
-                slots.incref();
+                bucket.entries.push((id, 0));
+                keys.incref(id);
             }
             return true;
         }
@@ -132,12 +121,12 @@ impl ExactWindow {
                 .map(|(pos, (id, _))| (*id, pos as u32))
                 .collect()
         });
-        match index.get(&slots.id) {
+        match index.get(&id) {
             Some(&pos) => entries[pos as usize].1 += cost,
             None => {
-                index.insert(slots.id, entries.len() as u32);
-                entries.push((slots.id, cost));
-                slots.incref();
+                index.insert(id, entries.len() as u32);
+                entries.push((id, cost));
+                keys.incref(id);
             }
         }
         true
@@ -147,8 +136,8 @@ impl ExactWindow {
     /// bucket takes the slots over.
     fn settle_newest(&mut self, keys: &KeyTable) {
         let position = self.position;
-        if let Some(newest) = self.newest
-            && let Some(bucket) = self.open.iter_mut().rev().find(|b| b.idx == newest)
+        if let (Some(newest), Some(bucket)) = (self.newest, self.open.back_mut())
+            && bucket.idx == newest
         {
             fill_counts(position, newest, &mut bucket.entries, keys);
         }

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use hashbrown::HashTable;
-use hashbrown::hash_table::Entry;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -75,9 +74,9 @@ impl ScopeTable {
 }
 
 /// A key's count in a window's newest open bucket, valid while `bucket` equals that bucket's
-/// index. Counting an event in every window touches only the key's slots: the bucket's own
-/// list of keys is written once per key and bucket, and gets the counts when the bucket stops
-/// being the newest.
+/// index. Counting an event in every window touches only the key's slots, side by side: the
+/// bucket's own list of keys is written once per key and bucket, and gets the counts when the
+/// bucket stops being the newest.
 #[derive(Clone, Copy)]
 pub(crate) struct NewestSlot {
     pub(crate) bucket: i64,
@@ -89,22 +88,13 @@ const NO_SLOT: NewestSlot = NewestSlot {
     count: 0,
 };
 
-/// Windows whose newest-bucket slots sit in the key's hash-table entry; the slots of further
-/// windows are in a side vector indexed by id.
-const INLINE_WINDOWS: usize = 2;
-
-/// The hash table holds the key next to its id (its text too, when short) and its newest
-/// bucket counts, one cache line in all, so counting a known key touches that line and nothing
-/// else; `ids` maps back from id to key for summaries.
-#[repr(align(64))]
+/// The hash table holds the key next to its id (its text too, when short), so a lookup of a
+/// known key touches the table and nothing else; `ids` maps back from id to key for summaries.
 struct Indexed {
     scope: u32,
     id: u32,
     key: KeyText,
-    newest: [NewestSlot; INLINE_WINDOWS],
 }
-
-const _: () = assert!(std::mem::size_of::<Indexed>() == 64);
 
 /// Bytes of a key kept inside its table entry instead of behind a pointer.
 const INLINE_KEY: usize = 22;
@@ -117,7 +107,7 @@ enum KeyText {
     Shared(Arc<str>),
 }
 
-// Two words and a tag: the table entry stays one cache line.
+// Two words and a tag: the table entry stays 32 bytes.
 const _: () = assert!(std::mem::size_of::<KeyText>() == 24);
 
 impl KeyText {
@@ -167,36 +157,13 @@ struct IdEntry {
     key: Option<KeyText>,
 }
 
-/// A key's newest-bucket slots and reference count, borrowed from its table for counting.
-pub(crate) struct KeySlots<'a> {
-    pub(crate) id: u32,
-    inline: &'a mut [NewestSlot; INLINE_WINDOWS],
-    spilled: &'a mut [NewestSlot],
-    refs: &'a mut u32,
-}
-
-impl KeySlots<'_> {
-    #[inline]
-    pub(crate) fn newest(&mut self, window: usize) -> &mut NewestSlot {
-        match window.checked_sub(INLINE_WINDOWS) {
-            None => &mut self.inline[window],
-            Some(spilled) => &mut self.spilled[spilled],
-        }
-    }
-
-    #[inline]
-    pub(crate) fn incref(&mut self) {
-        *self.refs += 1;
-    }
-}
-
 pub(crate) struct KeyTable {
     index: HashTable<Indexed>,
     ids: Vec<IdEntry>,
     free: Vec<u32>,
-    /// Newest-bucket slots of the windows past [`INLINE_WINDOWS`], `spilled_windows` per id.
-    spilled: Vec<NewestSlot>,
-    spilled_windows: usize,
+    /// `windows` newest-bucket slots per id, side by side so one cache line serves them all.
+    newest: Vec<NewestSlot>,
+    windows: usize,
     /// Heap bytes of the keys too long to sit in their entries.
     key_bytes: usize,
 }
@@ -207,94 +174,70 @@ impl KeyTable {
             index: HashTable::new(),
             ids: Vec::new(),
             free: Vec::new(),
-            spilled: Vec::new(),
-            spilled_windows: windows.saturating_sub(INLINE_WINDOWS),
+            newest: Vec::new(),
+            windows: windows.max(1),
             key_bytes: 0,
         }
     }
 
-    /// The key's slots and whether the key is new. An unknown key is created, with no
-    /// references, only if `create` says so; the caller takes a reference before it next
-    /// frees anything.
+    /// Id of the key, creating it with no references if unknown. The caller takes a reference
+    /// before it next frees anything.
     #[inline]
-    pub(crate) fn lookup(
-        &mut self,
-        hash: u64,
-        scope: u32,
-        key: &str,
-        create: impl FnOnce() -> bool,
-    ) -> Option<(KeySlots<'_>, bool)> {
-        let KeyTable {
-            index,
-            ids,
-            free,
-            spilled,
-            spilled_windows,
-            key_bytes,
-        } = self;
-        let width = *spilled_windows;
-        let found = index.entry(
-            hash,
-            |e| e.scope == scope && e.key.as_bytes() == key.as_bytes(),
-            |e| ids[e.id as usize].hash,
-        );
-        let (entry, fresh) = match found {
-            Entry::Occupied(entry) => (entry.into_mut(), false),
-            Entry::Vacant(vacant) => {
-                if !create() {
-                    return None;
-                }
-                let key = KeyText::new(key);
-                *key_bytes += key.heap_bytes();
-                let entry = IdEntry {
-                    hash,
-                    scope,
-                    refs: 0,
-                    key: Some(key.clone()),
-                };
-                let id = match free.pop() {
-                    Some(id) => {
-                        ids[id as usize] = entry;
-                        let at = id as usize * width;
-                        spilled[at..at + width].fill(NO_SLOT);
-                        id
-                    }
-                    None => {
-                        ids.push(entry);
-                        spilled.extend(std::iter::repeat_n(NO_SLOT, width));
-                        (ids.len() - 1) as u32
-                    }
-                };
-                let indexed = Indexed {
-                    scope,
-                    id,
-                    key,
-                    newest: [NO_SLOT; INLINE_WINDOWS],
-                };
-                (vacant.insert(indexed).into_mut(), true)
-            }
-        };
-        let id = entry.id as usize;
-        let slots = KeySlots {
-            id: entry.id,
-            inline: &mut entry.newest,
-            spilled: &mut spilled[id * width..(id + 1) * width],
-            refs: &mut ids[id].refs,
-        };
-        Some((slots, fresh))
+    pub(crate) fn intern(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
+        match self.find(hash, scope, key) {
+            Some(id) => id,
+            None => self.insert(hash, scope, key),
+        }
     }
 
-    /// The key's count in window `window`'s newest bucket, if that bucket is `bucket`.
-    pub(crate) fn newest_count(&self, id: u32, window: usize, bucket: i64) -> u64 {
-        let slot = match window.checked_sub(INLINE_WINDOWS) {
-            None => {
-                let hash = self.ids[id as usize].hash;
-                self.index
-                    .find(hash, |e| e.id == id)
-                    .map_or(NO_SLOT, |e| e.newest[window])
-            }
-            Some(spilled) => self.spilled[id as usize * self.spilled_windows + spilled],
+    #[inline]
+    pub(crate) fn find(&self, hash: u64, scope: u32, key: &str) -> Option<u32> {
+        self.index
+            .find(hash, |e| {
+                e.scope == scope && e.key.as_bytes() == key.as_bytes()
+            })
+            .map(|e| e.id)
+    }
+
+    /// Creates an id, with no references, for a key that [`KeyTable::find`] did not find.
+    pub(crate) fn insert(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
+        let key = KeyText::new(key);
+        self.key_bytes += key.heap_bytes();
+        let entry = IdEntry {
+            hash,
+            scope,
+            refs: 0,
+            key: Some(key.clone()),
         };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.ids[id as usize] = entry;
+                let at = id as usize * self.windows;
+                self.newest[at..at + self.windows].fill(NO_SLOT);
+                id
+            }
+            None => {
+                self.ids.push(entry);
+                self.newest
+                    .extend(std::iter::repeat_n(NO_SLOT, self.windows));
+                (self.ids.len() - 1) as u32
+            }
+        };
+        let ids = &self.ids;
+        self.index
+            .insert_unique(hash, Indexed { scope, id, key }, |e| {
+                ids[e.id as usize].hash
+            });
+        id
+    }
+
+    #[inline]
+    pub(crate) fn newest_slot(&mut self, id: u32, window: usize) -> &mut NewestSlot {
+        &mut self.newest[id as usize * self.windows + window]
+    }
+
+    pub(crate) fn newest_count(&self, id: u32, window: usize, bucket: i64) -> u64 {
+        let slot = self.newest[id as usize * self.windows + window];
         if slot.bucket == bucket { slot.count } else { 0 }
     }
 
@@ -354,7 +297,7 @@ impl KeyTable {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.ids.capacity() * std::mem::size_of::<IdEntry>()
             + self.index.capacity() * (std::mem::size_of::<Indexed>() + 1)
-            + self.spilled.capacity() * std::mem::size_of::<NewestSlot>()
+            + self.newest.capacity() * std::mem::size_of::<NewestSlot>()
             + self.free.capacity() * 4
             + self.key_bytes
     }
@@ -364,35 +307,23 @@ impl KeyTable {
 mod tests {
     use super::*;
 
-    /// The key's id, creating it if unknown.
-    fn intern(t: &mut KeyTable, scope: u32, key: &str) -> u32 {
-        t.lookup(key_hash(0, key), scope, key, || true)
-            .map_or(u32::MAX, |(slots, _)| slots.id)
-    }
-
-    fn find(t: &mut KeyTable, scope: u32, key: &str) -> Option<u32> {
-        t.lookup(key_hash(0, key), scope, key, || false)
-            .map(|(slots, _)| slots.id)
-    }
-
     #[test]
     fn ids_are_reused_only_after_the_last_reference_goes() {
         let mut t = KeyTable::new(1);
-        let a = intern(&mut t, 0, "a");
+        let a = t.intern(key_hash(0, "a"), 0, "a");
         t.incref(a);
         t.incref(a);
-        assert_eq!(intern(&mut t, 0, "a"), a);
-        let other_scope = intern(&mut t, 1, "a");
+        assert_eq!(t.intern(key_hash(0, "a"), 0, "a"), a);
+        let other_scope = t.intern(key_hash(0, "a"), 1, "a");
         assert_ne!(other_scope, a);
         t.incref(other_scope);
         t.decref(a);
         assert_eq!(t.live(), 2);
         t.decref(a);
         assert_eq!(t.live(), 1);
-        let b = intern(&mut t, 0, "b");
+        let b = t.intern(key_hash(0, "b"), 0, "b");
         assert_eq!(b, a, "freed id is reused");
         assert_eq!(t.key(b), "b");
-        assert_eq!(find(&mut t, 0, "a"), None, "a freed key is gone");
     }
 
     #[test]
@@ -401,51 +332,15 @@ mod tests {
         let long = "x".repeat(INLINE_KEY + 1);
         let edge = "y".repeat(INLINE_KEY);
         for key in ["", "a", "é", edge.as_str(), long.as_str()] {
-            let id = intern(&mut t, 0, key);
+            let id = t.intern(key_hash(0, key), 0, key);
             t.incref(id);
-            assert_eq!(find(&mut t, 0, key), Some(id), "{key}");
+            assert_eq!(t.find(key_hash(0, key), 0, key), Some(id), "{key}");
             assert_eq!(t.key(id), key);
         }
         // Only the long key is on the heap: its bytes and the Arc's two counts.
         assert_eq!(t.key_bytes, INLINE_KEY + 1 + 16);
-        let long_id = intern(&mut t, 0, &long);
+        let long_id = t.intern(key_hash(0, &long), 0, &long);
         t.decref(long_id);
         assert_eq!(t.key_bytes, 0);
-    }
-
-    #[test]
-    fn newest_slots_of_every_window_survive_growth_and_reuse() {
-        // Four windows: two slots in the table entry, two in the side vector.
-        let mut t = KeyTable::new(4);
-        let keys: Vec<String> = (0..1000).map(|i| format!("key-{i}")).collect();
-        for (i, key) in keys.iter().enumerate() {
-            let Some((mut slots, fresh)) = t.lookup(key_hash(0, key), 0, key, || true) else {
-                panic!("created");
-            };
-            assert!(fresh);
-            slots.incref();
-            for w in 0..4 {
-                *slots.newest(w) = NewestSlot {
-                    bucket: w as i64,
-                    count: (i * 10 + w) as u64,
-                };
-            }
-        }
-        // The table grew many times since the first keys were written.
-        for (i, key) in keys.iter().enumerate() {
-            let id = find(&mut t, 0, key).unwrap_or(u32::MAX);
-            for w in 0..4 {
-                assert_eq!(t.newest_count(id, w, w as i64), (i * 10 + w) as u64);
-                assert_eq!(t.newest_count(id, w, 99), 0, "another bucket's slot");
-            }
-        }
-        // A freed id comes back with empty slots.
-        let first = find(&mut t, 0, &keys[0]).unwrap_or(u32::MAX);
-        t.decref(first);
-        let again = intern(&mut t, 0, "new");
-        assert_eq!(again, first);
-        for w in 0..4 {
-            assert_eq!(t.newest_count(again, w, w as i64), 0);
-        }
     }
 }

@@ -115,16 +115,14 @@ impl ShardCounter {
         let mut missed = 0;
         match &mut self.state {
             State::Exact { keys, windows } => {
-                for w in windows.iter_mut() {
-                    w.open_newest(time_ms, keys);
-                }
-                let Some((mut slots, fresh)) = keys.lookup(hash, scope_id, key, admit) else {
-                    return false;
+                let (id, fresh) = match keys.find(hash, scope_id, key) {
+                    Some(id) => (id, false),
+                    None if admit() => (keys.insert(hash, scope_id, key), true),
+                    None => return false,
                 };
                 for w in windows.iter_mut() {
-                    missed += u64::from(!w.add(time_ms, cost, &mut slots));
+                    missed += u64::from(!w.add(time_ms, id, cost, keys));
                 }
-                let id = slots.id;
                 if fresh {
                     keys.free_if_unheld(id);
                 }
@@ -343,13 +341,8 @@ impl ShardCounter {
                                 return fail(format!("unknown scope id {scope}"));
                             }
                             let hash = key_hash(counter.scopes.seed(*scope), key);
-                            w.open_newest(time_ms, keys);
-                            let Some((mut slots, _)) = keys.lookup(hash, *scope, key, || true)
-                            else {
-                                continue;
-                            };
-                            w.add(time_ms, *count, &mut slots);
-                            let id = slots.id;
+                            let id = keys.intern(hash, *scope, key);
+                            w.add(time_ms, id, *count, keys);
                             keys.free_if_unheld(id);
                         }
                     }
