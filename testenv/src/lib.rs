@@ -145,6 +145,33 @@ impl TestEnv {
     ) {
         create_metric_topics(&self.kafka_config(), namespace, name, input, shards).await;
     }
+
+    /// Deletes what [`TestEnv::create_metric_topics`] created, so that a benchmark's bulk
+    /// input does not pile up on the broker's disk run after run; panics on failure.
+    pub async fn delete_metric_topics(
+        &self,
+        namespace: &str,
+        name: &str,
+        input: &str,
+        shards: u32,
+    ) {
+        let mut topics = vec![input.to_owned()];
+        topics.extend(
+            topk_api::topics::internal_topics(namespace, name, shards)
+                .into_iter()
+                .map(|t| t.name),
+        );
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let admin: AdminClient<DefaultClientContext> =
+            self.kafka_config().create().expect("Kafka admin client");
+        let results = admin
+            .delete_topics(&names, &AdminOptions::new())
+            .await
+            .expect("delete topics");
+        for r in results {
+            r.expect("topic deleted");
+        }
+    }
 }
 
 /// Creates the input topic with `shards` partitions and the internal topics of TopKMetric

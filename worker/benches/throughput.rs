@@ -76,6 +76,7 @@ fn main() {
     let (polled, polled_cpu) = bare_consumer(&env, &input, events, Reads::Poll);
     let (bare, bare_cpu) = bare_consumer(&env, &input, events, Reads::Batch);
     let run = worker(&env, &name, &input, events);
+    runtime.block_on(env.delete_metric_topics("bench", &name, &input, SHARDS));
     let per_sec = |secs: f64| events as f64 / secs;
     println!();
     println!("| reader | events/s | ratio |");
