@@ -2,8 +2,8 @@
 //!
 //! The rdkafka crate hands out one message per `poll`, and each call locks librdkafka's queue,
 //! wraps the message in an event and allocates a reference count for it: on the benchmark's
-//! small events that was about a quarter of a microsecond per message, a third of all the CPU
-//! a bare consumer spends. librdkafka's `rd_kafka_consume_batch_queue` (what
+//! small events that is about a third of a microsecond per message, nearly half of all the
+//! CPU a bare consumer spends. librdkafka's `rd_kafka_consume_batch_queue` (what
 //! confluent-kafka-python's `Consumer.consume(n)` calls) returns up to `n` messages per call;
 //! the crate does not wrap it, so this module does, and is the project's only `unsafe` code.
 //!

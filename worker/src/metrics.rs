@@ -104,7 +104,7 @@ impl Default for WorkerMetrics {
         );
         registry.register(
             "kafka_errors",
-            "Errors reported by the consumer (e.g. the broker unreachable)",
+            "Consumer errors and librdkafka error log lines (e.g. the broker unreachable)",
             m.kafka_errors.clone(),
         );
         Self { registry, ..m }

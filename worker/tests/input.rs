@@ -57,7 +57,7 @@ fn reads_every_message_once_in_partition_order() {
         let payload = format!("message {i}");
         let mut record = BaseRecord::<(), [u8]>::to(&topic).partition(partition);
         // Every hundredth message has no payload at all.
-        if i % 100 != 0 {
+        if !i.is_multiple_of(100) {
             record = record.payload(payload.as_bytes());
         }
         producer.send(record).map_err(|(e, _)| e).expect("send");
@@ -89,7 +89,7 @@ fn reads_every_message_once_in_partition_order() {
             assert_eq!(msg.offset(), *offset, "max {max}: partition order");
             *offset += 1;
             let i = msg.offset() as usize * PARTITIONS as usize + msg.partition() as usize;
-            let expected = if i % 100 == 0 {
+            let expected = if i.is_multiple_of(100) {
                 String::new()
             } else {
                 format!("message {i}")
