@@ -88,8 +88,9 @@ impl InputConsumer {
         &self.consumer
     }
 
-    /// Appends up to `max` (at most [`MAX_BATCH`]) messages to `out`: waits up to `wait` for the first one, then takes
-    /// whatever else is already fetched. Returns how many it appended.
+    /// Appends up to `max` (at most [`MAX_BATCH`]) messages to `out`: waits up to `wait` for
+    /// the first one, then takes whatever else is already fetched. Returns how many it
+    /// appended.
     pub fn read<'c>(
         &'c self,
         wait: Duration,
@@ -174,6 +175,18 @@ impl InputConsumer {
             // SAFETY: polled above, destroyed once.
             unsafe { rd::rd_kafka_event_destroy(event.as_ptr()) };
         }
+    }
+}
+
+impl Drop for InputConsumer {
+    fn drop(&mut self) {
+        // The last lines, then logs back to the crate's route for the consumer's closing.
+        self.drain_logs();
+        // SAFETY: the client is live (the consumer drops after this); null restores the
+        // default log queue.
+        unsafe {
+            rd::rd_kafka_set_log_queue(self.consumer.client().native_ptr(), std::ptr::null_mut())
+        };
     }
 }
 
