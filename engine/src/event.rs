@@ -198,6 +198,28 @@ mod flat {
             self.text.get(start..end)
         }
 
+        /// The name of a field, at the cursor: the names the parser reads are compared in
+        /// place (with their closing quote, so `"keys"` is not `"key"`), without scanning for
+        /// the end of the string first.
+        fn field(&mut self) -> Option<Field> {
+            self.eat(b'"')?;
+            let rest = &self.bytes[self.at..];
+            let known = FIELDS
+                .iter()
+                .find(|(name, _)| rest.starts_with(name) && rest.get(name.len()) == Some(&b'"'));
+            match known {
+                Some((name, field)) => {
+                    self.at += name.len() + 1;
+                    Some(*field)
+                }
+                None => {
+                    // Back to the opening quote: any other name is an ordinary string.
+                    self.at -= 1;
+                    self.string().map(|_| Field::Other)
+                }
+            }
+        }
+
         /// An integer as serde_json reads it: negative ones signed, others unsigned. Anything
         /// serde reads otherwise (overflow becomes a float, `-0` too) is left to serde.
         fn integer(&mut self) -> Option<Scalar<'a>> {
@@ -252,6 +274,28 @@ mod flat {
         }
     }
 
+    /// The fields an event has; any other is skipped.
+    #[derive(Clone, Copy)]
+    enum Field {
+        EventId,
+        EventTime,
+        Cost,
+        Metric,
+        Scope,
+        Key,
+        Other,
+    }
+
+    /// The names of the read fields, the most common first.
+    const FIELDS: [(&[u8], Field); 6] = [
+        (b"event_time", Field::EventTime),
+        (b"metric", Field::Metric),
+        (b"scope", Field::Scope),
+        (b"key", Field::Key),
+        (b"event_id", Field::EventId),
+        (b"cost", Field::Cost),
+    ];
+
     /// Position of the first `"`, `\\` or control character: eight bytes at a time, since
     /// this scan is most of the parser's work.
     pub(super) fn string_end(bytes: &[u8]) -> Option<usize> {
@@ -293,16 +337,16 @@ mod flat {
         c.eat(b'{')?;
         if c.eat(b'}').is_none() {
             loop {
-                let name = c.string()?;
+                let field = c.field()?;
                 c.eat(b':')?;
-                match name {
-                    "event_id" => set(&mut raw.event_id, c.scalar()?)?,
-                    "event_time" => set(&mut raw.event_time, c.scalar()?)?,
-                    "cost" => set(&mut raw.cost, c.scalar()?)?,
-                    "metric" => set(&mut raw.metric, Text(Cow::Borrowed(c.string()?)))?,
-                    "scope" => set(&mut raw.scope, Text(Cow::Borrowed(c.string()?)))?,
-                    "key" => set(&mut raw.key, Text(Cow::Borrowed(c.string()?)))?,
-                    _ => c.skip_value()?,
+                match field {
+                    Field::EventId => set(&mut raw.event_id, c.scalar()?)?,
+                    Field::EventTime => set(&mut raw.event_time, c.scalar()?)?,
+                    Field::Cost => set(&mut raw.cost, c.scalar()?)?,
+                    Field::Metric => set(&mut raw.metric, Text(Cow::Borrowed(c.string()?)))?,
+                    Field::Scope => set(&mut raw.scope, Text(Cow::Borrowed(c.string()?)))?,
+                    Field::Key => set(&mut raw.key, Text(Cow::Borrowed(c.string()?)))?,
+                    Field::Other => c.skip_value()?,
                 }
                 match c.peek()? {
                     b',' => c.at += 1,
