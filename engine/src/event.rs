@@ -655,6 +655,10 @@ mod tests {
                 Just("cost"),
                 Just("other"),
                 Just("k\\u0065y"),
+                // Longer and shorter than read names: not them.
+                Just("keys"),
+                Just("event_times"),
+                Just("metri"),
             ];
             (
                 name,
