@@ -14,13 +14,24 @@ use topk_worker::input::{InputConsumer, InputMessage, MAX_BATCH};
 const PARTITIONS: i32 = 3;
 const MESSAGES: usize = 2_000;
 
-fn consumer(config: &ClientConfig) -> BaseConsumer {
-    config
+/// An input consumer on `config` (plus a fresh group id), assigned `tpl`.
+fn assigned(config: &ClientConfig, tpl: &TopicPartitionList) -> InputConsumer {
+    let kafka: BaseConsumer = config
         .clone()
         .set("group.id", unique_name("input-test"))
         .set("enable.auto.commit", "false")
         .create()
-        .expect("consumer")
+        .expect("consumer");
+    kafka.assign(tpl).expect("assign");
+    InputConsumer::new(kafka).expect("input consumer")
+}
+
+/// A new topic of `partitions` partitions on the environment's broker.
+fn new_topic(env: &TestEnv, prefix: &str, partitions: i32) -> String {
+    let topic = unique_name(prefix);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(env.create_topic(&topic, partitions, &[]));
+    topic
 }
 
 /// Reads until `done` says so or `timeout` passes, through `read` calls of `max` messages.
@@ -47,9 +58,7 @@ fn reads_every_message_once_in_partition_order() {
     let Some(env) = TestEnv::get("input reads every message") else {
         return;
     };
-    let topic = unique_name("input");
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime.block_on(env.create_topic(&topic, PARTITIONS, &[]));
+    let topic = new_topic(&env, "input", PARTITIONS);
     let producer: ThreadedProducer<DefaultProducerContext> =
         env.kafka_config().create().expect("producer");
     for i in 0..MESSAGES {
@@ -64,14 +73,12 @@ fn reads_every_message_once_in_partition_order() {
     }
     producer.flush(Duration::from_secs(30)).expect("flush");
 
-    let kafka = consumer(&env.kafka_config());
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
         tpl.add_partition_offset(&topic, p, Offset::Beginning)
             .expect("offset");
     }
-    kafka.assign(&tpl).expect("assign");
-    let input = InputConsumer::new(kafka).expect("input consumer");
+    let input = assigned(&env.kafka_config(), &tpl);
     // Batches of several sizes, one above the limit.
     for max in [1, 7, MAX_BATCH + 10] {
         input
@@ -107,21 +114,12 @@ fn consumer_errors_arrive_as_messages() {
     let Some(env) = TestEnv::get("input reports consumer errors") else {
         return;
     };
-    let topic = unique_name("input-empty");
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime.block_on(env.create_topic(&topic, 1, &[]));
+    let topic = new_topic(&env, "input-empty", 1);
     // An offset past the end of an empty partition, with no reset policy: a consumer error.
-    let kafka: BaseConsumer = env
-        .kafka_config()
-        .set("group.id", unique_name("input-test"))
-        .set("auto.offset.reset", "error")
-        .create()
-        .expect("consumer");
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&topic, 0, Offset::Offset(1_000))
         .expect("offset");
-    kafka.assign(&tpl).expect("assign");
-    let input = InputConsumer::new(kafka).expect("input consumer");
+    let input = assigned(env.kafka_config().set("auto.offset.reset", "error"), &tpl);
     let messages = read_until(&input, 8, Duration::from_secs(60), |m| {
         m.iter().any(|m| m.error().is_some())
     });
@@ -143,12 +141,10 @@ fn client_errors_are_drained_from_the_log_queue() {
     config
         .set("bootstrap.servers", "127.0.0.1:1")
         .set("reconnect.backoff.ms", "10");
-    let kafka = consumer(&config);
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset("any", 0, Offset::Beginning)
         .expect("offset");
-    kafka.assign(&tpl).expect("assign");
-    let input = InputConsumer::new(kafka).expect("input consumer");
+    let input = assigned(&config, &tpl);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut errors = 0;
     while errors == 0 {
