@@ -99,14 +99,21 @@ pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, Reject
 
 /// Parses one event from raw bytes, such as a Kafka payload; invalid UTF-8 is `invalid_json`.
 pub fn parse_event_bytes(input: &[u8], max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
-    let raw: RawEvent<'_> = match flat::scan(input) {
-        Some(raw) => raw,
-        None => serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)?,
-    };
+    // Filled in place: the fields are moved once, into the event.
+    let mut raw = RawEvent::default();
+    if flat::scan(input, &mut raw).is_none() {
+        raw = with_serde(input)?;
+    }
     checked(raw, max_key_bytes)
 }
 
+#[cold]
+fn with_serde(input: &[u8]) -> Result<RawEvent<'_>, RejectReason> {
+    serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)
+}
+
 /// The field checks shared by both parsers.
+#[inline(always)]
 fn checked(raw: RawEvent<'_>, max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
     let metric = match raw.metric {
         Some(Text(m)) if !m.is_empty() => m,
@@ -156,7 +163,7 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
 /// The common case without serde: one flat object whose strings have no escapes and whose
 /// numbers are integers. Anything else (escapes, floats, nesting, `null`, duplicate fields,
 /// trailing bytes, any doubt) returns `None` and goes through serde, so both paths give the
-/// same answer (property-tested in `tests/flat_parse.rs` through `parse_event_bytes`).
+/// same answer (property-tested below through `parse_event_bytes`).
 mod flat {
     use std::borrow::Cow;
 
@@ -169,27 +176,39 @@ mod flat {
     }
 
     impl<'a> Cursor<'a> {
-        fn skip_ws(&mut self) {
-            while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.at) {
-                self.at += 1;
+        /// The next byte that is not JSON whitespace, consumed.
+        #[inline(always)]
+        fn next(&mut self) -> Option<u8> {
+            let byte = *self.bytes.get(self.at)?;
+            self.at += 1;
+            // Everything JSON treats as whitespace is at most a space.
+            if byte > b' ' {
+                Some(byte)
+            } else {
+                self.after_whitespace(byte)
             }
         }
 
-        fn eat(&mut self, byte: u8) -> Option<()> {
-            self.skip_ws();
-            (self.bytes.get(self.at) == Some(&byte)).then(|| self.at += 1)
+        #[cold]
+        fn after_whitespace(&mut self, mut byte: u8) -> Option<u8> {
+            while matches!(byte, b' ' | b'\t' | b'\n' | b'\r') {
+                byte = *self.bytes.get(self.at)?;
+                self.at += 1;
+            }
+            Some(byte)
         }
 
-        fn peek(&mut self) -> Option<u8> {
-            self.skip_ws();
-            self.bytes.get(self.at).copied()
+        #[inline(always)]
+        fn expect(&mut self, byte: u8) -> Option<()> {
+            (self.next()? == byte).then_some(())
         }
 
-        /// A string without escapes or control characters, at the cursor, in one pass.
-        fn string(&mut self) -> Option<&'a str> {
-            self.eat(b'"')?;
+        /// The rest of a string whose opening quote was just read: no escapes or control
+        /// characters, in one pass.
+        #[inline(always)]
+        fn string_rest(&mut self) -> Option<&'a str> {
             let start = self.at;
-            let end = start + string_end(&self.bytes[start..])?;
+            let end = start + string_end(self.bytes.get(start..)?)?;
             if self.bytes[end] != b'"' {
                 return None;
             }
@@ -198,45 +217,78 @@ mod flat {
             self.text.get(start..end)
         }
 
-        /// The name of a field, at the cursor: the names the parser reads are compared in
-        /// place (with their closing quote, so `"keys"` is not `"key"`), without scanning for
-        /// the end of the string first.
+        #[inline(always)]
+        fn string(&mut self) -> Option<&'a str> {
+            self.expect(b'"')?;
+            self.string_rest()
+        }
+
+        /// The name of a field whose opening quote was just read. The six names an event
+        /// has are compared in place, a machine word at a time with their closing quote (so
+        /// `"keys"` is not `"key"`); any other name is read as a string.
+        #[inline(always)]
         fn field(&mut self) -> Option<Field> {
-            self.eat(b'"')?;
-            let rest = &self.bytes[self.at..];
-            let known = FIELDS
-                .iter()
-                .find(|(name, _)| rest.starts_with(name) && rest.get(name.len()) == Some(&b'"'));
-            match known {
-                Some((name, field)) => {
-                    self.at += name.len() + 1;
-                    Some(*field)
-                }
-                None => {
-                    // Back to the opening quote: any other name is an ordinary string.
-                    self.at -= 1;
-                    self.string().map(|_| Field::Other)
+            if let Some(head) = self.bytes.get(self.at..).and_then(<[u8]>::first_chunk::<8>) {
+                let word = u64::from_le_bytes(*head);
+                let rest = &self.bytes[self.at + 8..];
+                let known = if word == EVENT_TI && rest.starts_with(b"me\"") {
+                    Some((Field::EventTime, 11))
+                } else if word & MASKS[7] == METRIC {
+                    Some((Field::Metric, 7))
+                } else if word & MASKS[6] == SCOPE {
+                    Some((Field::Scope, 6))
+                } else if word & MASKS[4] == KEY {
+                    Some((Field::Key, 4))
+                } else if word == EVENT_ID && rest.first() == Some(&b'"') {
+                    Some((Field::EventId, 9))
+                } else if word & MASKS[5] == COST {
+                    Some((Field::Cost, 5))
+                } else {
+                    None
+                };
+                if let Some((field, len)) = known {
+                    self.at += len;
+                    return Some(field);
                 }
             }
+            // Another name, or one too close to the end for a word: read it whole.
+            Some(match self.string_rest()? {
+                "event_time" => Field::EventTime,
+                "metric" => Field::Metric,
+                "scope" => Field::Scope,
+                "key" => Field::Key,
+                "event_id" => Field::EventId,
+                "cost" => Field::Cost,
+                _ => Field::Other,
+            })
         }
 
         /// An integer as serde_json reads it: negative ones signed, others unsigned. Anything
-        /// serde reads otherwise (overflow becomes a float, `-0` too) is left to serde.
-        fn integer(&mut self) -> Option<Scalar<'a>> {
-            self.skip_ws();
-            let negative = self.bytes.get(self.at) == Some(&b'-');
-            let digits_from = self.at + usize::from(negative);
-            let mut end = digits_from;
+        /// serde reads otherwise (past 19 digits, where u64 overflows and serde reads a float;
+        /// `-0`, also a float to serde) is left to serde.
+        #[inline(always)]
+        fn integer(&mut self, first: u8) -> Option<Scalar<'a>> {
+            let negative = first == b'-';
+            let from = if negative { self.at } else { self.at - 1 };
+            let mut end = from;
+            // Cannot wrap: more than 19 digits are refused below.
             let mut magnitude: u64 = 0;
+            while let Some(eight) = self.bytes.get(end..).and_then(<[u8]>::first_chunk::<8>) {
+                let Some(value) = eight_digits(u64::from_le_bytes(*eight)) else {
+                    break;
+                };
+                magnitude = magnitude.wrapping_mul(100_000_000).wrapping_add(value);
+                end += 8;
+            }
             while let Some(digit @ b'0'..=b'9') = self.bytes.get(end) {
                 magnitude = magnitude
-                    .checked_mul(10)?
-                    .checked_add(u64::from(digit - b'0'))?;
+                    .wrapping_mul(10)
+                    .wrapping_add(u64::from(digit - b'0'));
                 end += 1;
             }
-            let digits = end - digits_from;
-            let leading_zero = digits > 1 && self.bytes[digits_from] == b'0';
-            if digits == 0 || leading_zero || (negative && magnitude == 0) {
+            let digits = end - from;
+            let leading_zero = digits > 1 && self.bytes[from] == b'0';
+            if digits == 0 || digits > 19 || leading_zero || (negative && magnitude == 0) {
                 return None;
             }
             if matches!(self.bytes.get(end), Some(b'.' | b'e' | b'E')) {
@@ -250,28 +302,47 @@ mod flat {
             }
         }
 
+        #[inline(always)]
         fn scalar(&mut self) -> Option<Scalar<'a>> {
-            match self.peek()? {
-                b'"' => self.string().map(|s| Scalar::Text(Cow::Borrowed(s))),
-                _ => self.integer(),
+            match self.next()? {
+                b'"' => self.string_rest().map(|s| Scalar::Text(Cow::Borrowed(s))),
+                first => self.integer(first),
             }
         }
 
         /// Skips a value of a field nobody reads, if it is simple.
         fn skip_value(&mut self) -> Option<()> {
-            match self.peek()? {
-                b'"' => self.string().map(|_| ()),
-                b't' | b'f' | b'n' => {
-                    let rest = &self.bytes[self.at..];
-                    let word: &[u8] = [&b"true"[..], b"false", b"null"]
-                        .into_iter()
-                        .find(|w| rest.starts_with(w))?;
-                    self.at += word.len();
-                    Some(())
+            match self.next()? {
+                b'"' => self.string_rest().map(|_| ()),
+                first @ (b't' | b'f' | b'n') => {
+                    let rest = &self.bytes[self.at - 1..];
+                    let word: &[u8] = match first {
+                        b't' => b"true",
+                        b'f' => b"false",
+                        _ => b"null",
+                    };
+                    rest.starts_with(word).then(|| self.at += word.len() - 1)
                 }
-                _ => self.integer().map(|_| ()),
+                first => self.integer(first).map(|_| ()),
             }
         }
+    }
+
+    /// The value of eight ASCII digits read as a little-endian word (the first digit in the
+    /// lowest byte), or `None` if any byte is not a digit: a millisecond timestamp is mostly
+    /// read this way, in a few multiplications instead of a loop per digit.
+    pub(super) fn eight_digits(word: u64) -> Option<u64> {
+        const NIBBLES: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+        // A digit's high nibble is 3, and stays 3 when 6 is added to it.
+        let digits = (word & NIBBLES) | ((word.wrapping_add(0x0606_0606_0606_0606) & NIBBLES) >> 4);
+        if digits != 0x3333_3333_3333_3333 {
+            return None;
+        }
+        let ones = word - 0x3030_3030_3030_3030;
+        // Pairs, then fours, then all eight; no lane can carry into the next.
+        let pairs = (ones * 10 + (ones >> 8)) & 0x00FF_00FF_00FF_00FF;
+        let fours = (pairs * 100 + (pairs >> 16)) & 0x0000_FFFF_0000_FFFF;
+        Some((fours * 10_000 + (fours >> 32)) & 0xFFFF_FFFF)
     }
 
     /// The fields an event has; any other is skipped.
@@ -286,59 +357,99 @@ mod flat {
         Other,
     }
 
-    /// The names of the read fields, the most common first.
-    const FIELDS: [(&[u8], Field); 6] = [
-        (b"event_time", Field::EventTime),
-        (b"metric", Field::Metric),
-        (b"scope", Field::Scope),
-        (b"key", Field::Key),
-        (b"event_id", Field::EventId),
-        (b"cost", Field::Cost),
-    ];
+    /// Little-endian words of the names with their closing quote, and masks keeping the
+    /// first `n` bytes of a word.
+    const fn word(name: &[u8]) -> u64 {
+        let mut bytes = [0u8; 8];
+        let mut i = 0;
+        while i < name.len() && i < 8 {
+            bytes[i] = name[i];
+            i += 1;
+        }
+        u64::from_le_bytes(bytes)
+    }
+    const MASKS: [u64; 9] = {
+        let mut masks = [0u64; 9];
+        let mut n = 1;
+        while n < 9 {
+            masks[n] = u64::MAX >> (64 - 8 * n);
+            n += 1;
+        }
+        masks
+    };
+    const EVENT_TI: u64 = word(b"event_ti");
+    const EVENT_ID: u64 = word(b"event_id");
+    const METRIC: u64 = word(b"metric\"");
+    const SCOPE: u64 = word(b"scope\"");
+    const KEY: u64 = word(b"key\"");
+    const COST: u64 = word(b"cost\"");
 
     /// Position of the first `"`, `\\` or control character: eight bytes at a time, since
     /// this scan is most of the parser's work.
+    #[inline(always)]
     pub(super) fn string_end(bytes: &[u8]) -> Option<usize> {
         const ONES: u64 = u64::from_ne_bytes([1; 8]);
         const HIGH: u64 = ONES << 7;
         // High bit of each byte below `n` (n <= 128). Borrows can mark bytes above the first
         // match, never below it, so the lowest marked byte is the first match.
         let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
+        let hits = |x: u64| {
+            below(x ^ (ONES * u64::from(b'"')), 1)
+                | below(x ^ (ONES * u64::from(b'\\')), 1)
+                | below(x, 0x20)
+        };
         let mut words = bytes.chunks_exact(8);
         for (i, word) in (&mut words).enumerate() {
             let mut le = [0u8; 8];
             le.copy_from_slice(word);
-            let x = u64::from_le_bytes(le);
-            let hits = below(x ^ (ONES * u64::from(b'"')), 1)
-                | below(x ^ (ONES * u64::from(b'\\')), 1)
-                | below(x, 0x20);
-            if hits != 0 {
-                return Some(i * 8 + hits.trailing_zeros() as usize / 8);
+            let found = hits(u64::from_le_bytes(le));
+            if found != 0 {
+                return Some(i * 8 + found.trailing_zeros() as usize / 8);
             }
         }
-        let tail = words.remainder();
-        let at = tail
-            .iter()
-            .position(|b| matches!(b, b'"' | b'\\' | 0..0x20))?;
-        Some(bytes.len() - tail.len() + at)
+        if words.remainder().is_empty() {
+            return None;
+        }
+        // The last eight bytes as one word: its low bytes were checked already (or, for a short
+        // input, are padding that matches nothing), so they hold no hits and cause no borrows.
+        let last = match bytes.last_chunk::<8>() {
+            Some(last) => *last,
+            None => {
+                let mut padded = [b'a'; 8];
+                padded[8 - bytes.len()..].copy_from_slice(bytes);
+                padded
+            }
+        };
+        let found = hits(u64::from_le_bytes(last));
+        (found != 0).then(|| bytes.len() + found.trailing_zeros() as usize / 8 - 8)
     }
 
+    #[inline(always)]
     fn set<T>(slot: &mut Option<T>, value: T) -> Option<()> {
         // A repeated field is an error to serde: let it say so.
         slot.is_none().then(|| *slot = Some(value))
     }
 
-    pub(super) fn scan(bytes: &[u8]) -> Option<RawEvent<'_>> {
-        // One check of the whole payload (word at a time for ASCII) is cheaper than one per
-        // string; a payload that is not UTF-8 is left to serde, which names the error.
-        let text = std::str::from_utf8(bytes).ok()?;
+    #[inline(always)]
+    pub(super) fn scan<'a>(bytes: &'a [u8], raw: &mut RawEvent<'a>) -> Option<()> {
+        // One check of the whole payload is cheaper than one per string; a payload that is
+        // not UTF-8 is left to serde, which names the error.
+        let text = if bytes.is_ascii() {
+            // SAFETY: every byte is below 0x80, and ASCII bytes are valid UTF-8 on their own.
+            unsafe { std::str::from_utf8_unchecked(bytes) }
+        } else {
+            std::str::from_utf8(bytes).ok()?
+        };
         let mut c = Cursor { text, bytes, at: 0 };
-        let mut raw = RawEvent::default();
-        c.eat(b'{')?;
-        if c.eat(b'}').is_none() {
+        c.expect(b'{')?;
+        let mut next = c.next()?;
+        if next != b'}' {
             loop {
+                if next != b'"' {
+                    return None;
+                }
                 let field = c.field()?;
-                c.eat(b':')?;
+                c.expect(b':')?;
                 match field {
                     Field::EventId => set(&mut raw.event_id, c.scalar()?)?,
                     Field::EventTime => set(&mut raw.event_time, c.scalar()?)?,
@@ -348,18 +459,15 @@ mod flat {
                     Field::Key => set(&mut raw.key, Text(Cow::Borrowed(c.string()?)))?,
                     Field::Other => c.skip_value()?,
                 }
-                match c.peek()? {
-                    b',' => c.at += 1,
-                    b'}' => {
-                        c.at += 1;
-                        break;
-                    }
+                match c.next()? {
+                    b',' => next = c.next()?,
+                    b'}' => break,
                     _ => return None,
                 }
             }
         }
-        c.skip_ws();
-        (c.at == bytes.len()).then_some(raw)
+        // Only whitespace may follow.
+        c.next().is_none().then_some(())
     }
 }
 
@@ -591,7 +699,7 @@ mod tests {
     #[test]
     fn typical_events_take_the_fast_path_and_unusual_ones_do_not() {
         let typical = br#"{"event_time":1788289200000,"metric":"m","scope":"eu","key":"k","cost":2,"event_id":"e1"}"#;
-        assert!(flat::scan(typical).is_some());
+        assert!(flat::scan(typical, &mut RawEvent::default()).is_some());
         for unusual in [
             &br#"{"event_time":1,"metric":"m","key":"a\"b"}"#[..],
             br#"{"event_time":1.5,"metric":"m","key":"k"}"#,
@@ -600,7 +708,7 @@ mod tests {
             br#"{"event_time":1,"metric":"m","key":"k"} x"#,
         ] {
             assert!(
-                flat::scan(unusual).is_none(),
+                flat::scan(unusual, &mut RawEvent::default()).is_none(),
                 "{}",
                 String::from_utf8_lossy(unusual)
             );
@@ -613,9 +721,7 @@ mod tests {
         use super::super::*;
 
         fn serde_only(input: &[u8]) -> Result<Event<'_>, RejectReason> {
-            let raw: RawEvent<'_> =
-                serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)?;
-            checked(raw, 8)
+            checked(with_serde(input)?, 8)
         }
 
         fn value() -> impl Strategy<Value = String> {
@@ -714,6 +820,20 @@ mod tests {
             ) {
                 let want = bytes.iter().position(|b| matches!(b, b'"' | b'\\' | 0..0x20));
                 prop_assert_eq!(super::super::flat::string_end(&bytes), want);
+            }
+
+            #[test]
+            fn eight_digits_reads_what_a_digit_loop_reads(
+                bytes in prop::array::uniform8(prop_oneof![
+                    4 => b'0'..=b'9',
+                    1 => any::<u8>(),
+                ])
+            ) {
+                let want = bytes.iter().try_fold(0u64, |n, b| {
+                    b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+                });
+                let word = u64::from_le_bytes(bytes);
+                prop_assert_eq!(super::super::flat::eight_digits(word), want);
             }
 
             #[test]
