@@ -12,7 +12,7 @@ use crate::exact::open_bucket;
 use crate::sketch::CountMinSketch;
 use crate::snapshot::{ApproxBucket as SnapBucket, WindowSnapshot};
 use crate::summary::{rank_order, top_k};
-use crate::window::bucket_index;
+use crate::window::BucketFinder;
 
 struct ApproxBucket {
     idx: i64,
@@ -26,6 +26,7 @@ pub(crate) type Scored = (u64, String, u64);
 
 pub(crate) struct ApproxWindow {
     bucket_ms: i64,
+    bucket_finder: BucketFinder,
     span: Option<i64>,
     width: u32,
     depth: u32,
@@ -43,6 +44,7 @@ impl ApproxWindow {
     pub(crate) fn new(cfg: &WindowConfig, width: u32, depth: u32, capacity: usize) -> Self {
         Self {
             bucket_ms: cfg.bucket_ms,
+            bucket_finder: BucketFinder::new(cfg.bucket_ms),
             span: cfg.buckets(),
             width,
             depth,
@@ -77,7 +79,7 @@ impl ApproxWindow {
         key: &str,
         cost: u64,
     ) -> bool {
-        let idx = bucket_index(time_ms, self.bucket_ms);
+        let idx = self.bucket_finder.index(time_ms);
         if idx < self.closed_through {
             return false;
         }

@@ -233,15 +233,15 @@ mod flat {
                 let rest = &self.bytes[self.at + 8..];
                 let known = if word == EVENT_TI && rest.starts_with(b"me\"") {
                     Some((Field::EventTime, 11))
-                } else if word & MASKS[7] == METRIC {
+                } else if first_bytes(word, 7) == METRIC {
                     Some((Field::Metric, 7))
-                } else if word & MASKS[6] == SCOPE {
+                } else if first_bytes(word, 6) == SCOPE {
                     Some((Field::Scope, 6))
-                } else if word & MASKS[4] == KEY {
+                } else if first_bytes(word, 4) == KEY {
                     Some((Field::Key, 4))
                 } else if word == EVENT_ID && rest.first() == Some(&b'"') {
                     Some((Field::EventId, 9))
-                } else if word & MASKS[5] == COST {
+                } else if first_bytes(word, 5) == COST {
                     Some((Field::Cost, 5))
                 } else {
                     None
@@ -357,8 +357,7 @@ mod flat {
         Other,
     }
 
-    /// Little-endian words of the names with their closing quote, and masks keeping the
-    /// first `n` bytes of a word.
+    /// Little-endian word of a name's first eight bytes (with its closing quote if shorter).
     const fn word(name: &[u8]) -> u64 {
         let mut bytes = [0u8; 8];
         let mut i = 0;
@@ -368,15 +367,12 @@ mod flat {
         }
         u64::from_le_bytes(bytes)
     }
-    const MASKS: [u64; 9] = {
-        let mut masks = [0u64; 9];
-        let mut n = 1;
-        while n < 9 {
-            masks[n] = u64::MAX >> (64 - 8 * n);
-            n += 1;
-        }
-        masks
-    };
+
+    /// The first `n` bytes of a little-endian word.
+    const fn first_bytes(word: u64, n: u32) -> u64 {
+        word & (u64::MAX >> (64 - 8 * n))
+    }
+
     const EVENT_TI: u64 = word(b"event_ti");
     const EVENT_ID: u64 = word(b"event_id");
     const METRIC: u64 = word(b"metric\"");

@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::WindowConfig;
 use crate::keys::{KeyTable, NewestSlot};
-use crate::window::bucket_index;
+use crate::window::BucketFinder;
 
 struct OpenBucket {
     idx: i64,
@@ -29,6 +29,7 @@ struct ClosedBucket {
 
 pub(crate) struct ExactWindow {
     bucket_ms: i64,
+    bucket_finder: BucketFinder,
     span: Option<i64>,
     open: VecDeque<OpenBucket>,
     closed: VecDeque<ClosedBucket>,
@@ -47,6 +48,7 @@ impl ExactWindow {
     pub(crate) fn new(cfg: &WindowConfig, position: usize) -> Self {
         Self {
             bucket_ms: cfg.bucket_ms,
+            bucket_finder: BucketFinder::new(cfg.bucket_ms),
             span: cfg.buckets(),
             open: VecDeque::new(),
             closed: VecDeque::new(),
@@ -71,7 +73,7 @@ impl ExactWindow {
     /// bucket is already closed; the pipeline's lateness rule prevents that.
     #[inline]
     pub(crate) fn add(&mut self, time_ms: i64, id: u32, cost: u64, keys: &mut KeyTable) -> bool {
-        let idx = bucket_index(time_ms, self.bucket_ms);
+        let idx = self.bucket_finder.index(time_ms);
         if idx < self.closed_through {
             return false;
         }
