@@ -120,6 +120,31 @@ impl Fixture {
                 .expect("start topk worker"),
         )
     }
+
+    /// Starts worker 0 owning every shard (epoch 1, from an assignment file) and waits for
+    /// its HTTP address; `extra` adds flags.
+    fn serve_all_shards(&self, ns: &str, extra: &[&str]) -> common::Server {
+        let assignment = self.dir.path().join("assignment.json");
+        std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
+        let config = self.config.to_string_lossy().into_owned();
+        let state = self.dir.path().join("state").to_string_lossy().into_owned();
+        let assignment = assignment.to_string_lossy().into_owned();
+        let mut args = vec![
+            "worker",
+            "--config",
+            &config,
+            "--namespace",
+            ns,
+            "--ordinal",
+            "0",
+            "--state-dir",
+            &state,
+            "--assignment-file",
+            &assignment,
+        ];
+        args.extend_from_slice(extra);
+        common::spawn(&args)
+    }
 }
 
 /// A worker process, SIGKILLed when dropped (also when a test fails).
@@ -554,31 +579,7 @@ async fn approximate_state_stays_flat_under_a_flood_of_unique_keys() {
             "  k: 100\n  mode: approximate\n  sketch: {epsilon: 0.001, delta: 0.01, candidates: 200}\n",
         );
     std::fs::write(&fixture.config, approximate).expect("config");
-    let assignment = fixture.dir.path().join("assignment.json");
-    std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
-    let config = fixture.config.to_string_lossy().into_owned();
-    let state = fixture
-        .dir
-        .path()
-        .join("state")
-        .to_string_lossy()
-        .into_owned();
-    let assignment = assignment.to_string_lossy().into_owned();
-    let worker = common::spawn(&[
-        "worker",
-        "--config",
-        &config,
-        "--namespace",
-        ns,
-        "--ordinal",
-        "0",
-        "--state-dir",
-        &state,
-        "--assignment-file",
-        &assignment,
-        "--checkpoint-interval",
-        "100ms",
-    ]);
+    let worker = fixture.serve_all_shards(ns, &["--checkpoint-interval", "100ms"]);
     let input = Input::new(&env.kafka_config(), &fixture.input);
     let page = || common::get(&format!("{}/metrics", worker.base)).1;
     let checkpoints = |page: &str| metric(page, "topk_worker_checkpoint_duration_seconds_count");
@@ -622,20 +623,30 @@ async fn a_broker_crash_mid_stream_loses_nothing() {
     let mut kafka = PrivateKafka::start(&env);
     let ns = "test";
     let fixture = Fixture::on(&kafka.config(), &kafka.bootstrap(), ns).await;
-    let assignment = fixture.dir.path().join("assignment.json");
-    std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
-    let mut worker = fixture.spawn(ns, 0, |c: &mut Command| {
-        c.arg("--assignment-file").arg(&assignment);
-    });
+    // Served, for its HTTP address: the outage must show on `/metrics`.
+    let mut worker = fixture.serve_all_shards(
+        ns,
+        &["--checkpoint-interval", "150ms", "--idle-timeout", "1s"],
+    );
+    let kafka_errors = || {
+        metric(
+            &common::get(&format!("{}/metrics", worker.base)).1,
+            "topk_worker_kafka_errors_total",
+        )
+    };
     let mut input = Input::new(&kafka.config(), &fixture.input);
     input.produce(3_000);
     await_all_counted(&kafka.config(), &fixture.topics, &input).await;
 
     // The broker crashes mid-stream and comes back on the same data; the worker keeps
-    // running and carries on with what is produced next. (Events held back by an outage
-    // longer than idle timeout + lateness would be late by design, so none are produced
-    // during it here.)
+    // running, reports the outage as client errors, and carries on with what is produced
+    // next. (Events held back by an outage longer than idle timeout + lateness would be late
+    // by design, so none are produced during it here.)
+    let errors_before = kafka_errors().expect("kafka errors metric");
     kafka.kill();
+    common::await_some("client errors while the broker is down", WAIT, || {
+        (kafka_errors()? > errors_before).then_some(())
+    });
     kafka.restart();
     input.produce(3_000);
     let (_, last) = await_all_counted(&kafka.config(), &fixture.topics, &input).await;
@@ -647,8 +658,7 @@ async fn a_broker_crash_mid_stream_loses_nothing() {
         );
     }
     assert!(
-        worker.0.try_wait().expect("worker status").is_none(),
+        worker.child.try_wait().expect("worker status").is_none(),
         "the worker survived the broker restart"
     );
-    worker.kill();
 }
