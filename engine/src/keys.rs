@@ -18,6 +18,13 @@ pub fn key_hash(scope_seed: u64, key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), scope_seed)
 }
 
+/// Byte equality in line: keys are short, and a call to `memcmp` per lookup costs more than
+/// comparing a few bytes here.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct ScopeTable {
     ids: FxHashMap<Box<str>, u32>,
@@ -194,7 +201,7 @@ impl KeyTable {
     pub(crate) fn find(&self, hash: u64, scope: u32, key: &str) -> Option<u32> {
         self.index
             .find(hash, |e| {
-                e.scope == scope && e.key.as_bytes() == key.as_bytes()
+                e.scope == scope && same_bytes(e.key.as_bytes(), key.as_bytes())
             })
             .map(|e| e.id)
     }
