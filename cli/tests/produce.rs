@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use rdkafka::Message;
 use rdkafka::Timestamp;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use topk_engine::partition::{message_key, partition_for};
-use topk_testenv::{TestEnv, unique_name};
+use topk_testenv::{TestEnv, reading_consumer, unique_name};
 
 #[test]
 fn events_are_keyed_partitioned_and_stamped_as_topk_expects() {
@@ -64,11 +64,7 @@ fn events_are_keyed_partitioned_and_stamped_as_topk_expects() {
         serde_json::json!({"sent": 4, "skipped": 1, "failed": 0})
     );
 
-    let consumer: BaseConsumer = env
-        .kafka_config()
-        .set("group.id", unique_name("read"))
-        .create()
-        .expect("consumer");
+    let consumer = reading_consumer(&env.kafka_config(), "read");
     let mut tpl = TopicPartitionList::new();
     for p in 0..3 {
         tpl.add_partition_offset(&topic, p, Offset::Beginning)

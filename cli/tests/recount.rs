@@ -9,14 +9,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::Message;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use topk_api::record::{ExactHourChunk, ExactHourManifest, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::partition::message_key;
-use topk_testenv::{TestEnv, metric_manifest, unique_name};
+use topk_testenv::{TestEnv, metric_manifest, reading_consumer, unique_name};
 
 const HOUR: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z
 const MINUTE: i64 = 60_000;
@@ -46,12 +46,7 @@ fn read_hour(
     topic: &str,
     hour: &str,
 ) -> (ExactHourManifest, BTreeMap<(String, String), u64>) {
-    let consumer: BaseConsumer = env
-        .kafka_config()
-        .set("group.id", unique_name("read"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+    let consumer = reading_consumer(&env.kafka_config(), "read");
     let (low, high) = consumer
         .fetch_watermarks(topic, 0, Duration::from_secs(10))
         .expect("watermarks");

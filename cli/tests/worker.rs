@@ -17,14 +17,15 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rdkafka::ClientConfig;
 use rdkafka::Message;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::message::Headers;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use topk_api::topics::TopicNames;
 use topk_engine::partition::{message_key, shard_for};
 use topk_testenv::{
-    PrivateKafka, TestEnv, await_some, create_metric_topics, metric_manifest, unique_name,
+    PrivateKafka, TestEnv, await_some, create_metric_topics, metric_manifest, reading_consumer,
+    unique_name,
 };
 use topk_worker::SummaryRecord;
 
@@ -262,12 +263,7 @@ type Record = (String, Vec<u8>, Vec<(String, String)>);
 
 /// Everything in all partitions of `topic` right now.
 fn read_all(kafka: &ClientConfig, topic: &str, partitions: i32) -> Vec<Record> {
-    let consumer: BaseConsumer = kafka
-        .clone()
-        .set("group.id", unique_name("check"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+    let consumer = reading_consumer(kafka, "check");
     let mut out = Vec::new();
     for partition in 0..partitions {
         let (low, high) = consumer

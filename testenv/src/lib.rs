@@ -24,6 +24,7 @@ use kube::{Api, Client, Config};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::BaseConsumer;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -315,6 +316,17 @@ pub fn unique_name(prefix: &str) -> String {
         std::process::id(),
         nanos % 0xfffff
     )
+}
+
+/// A consumer for reading back with `assign` on the broker `kafka` points at: a fresh group id
+/// (librdkafka requires one even without a group) and no offset commits.
+pub fn reading_consumer(kafka: &ClientConfig, prefix: &str) -> BaseConsumer {
+    kafka
+        .clone()
+        .set("group.id", unique_name(prefix))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer")
 }
 
 /// A TopKMetric manifest (YAML) named `name` that counts `metric` from `topic` on `bootstrap`;

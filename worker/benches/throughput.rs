@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::Message;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::{AssignmentTable, ShardOwner};
 use topk_engine::partition::message_key;
-use topk_testenv::{TestEnv, metric_manifest, unique_name};
+use topk_testenv::{TestEnv, metric_manifest, reading_consumer, unique_name};
 use topk_worker::input::InputConsumer;
 use topk_worker::{Health, Worker};
 
@@ -148,12 +148,7 @@ fn bare_consumer(
     events: u64,
     reads: Reads,
 ) -> (Duration, Option<Duration>) {
-    let consumer: BaseConsumer = env
-        .kafka_config()
-        .set("group.id", unique_name("bare"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+    let consumer = reading_consumer(&env.kafka_config(), "bare");
     let mut tpl = TopicPartitionList::new();
     for p in 0..SHARDS as i32 {
         tpl.add_partition_offset(topic, p, Offset::Beginning)

@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use topk_testenv::{TestEnv, unique_name};
+use topk_testenv::{TestEnv, reading_consumer, unique_name};
 use topk_worker::input::{InputConsumer, InputMessage, MAX_BATCH};
 
 const PARTITIONS: i32 = 3;
@@ -16,12 +16,7 @@ const MESSAGES: usize = 2_000;
 
 /// An input consumer on `config` (plus a fresh group id), assigned `tpl`.
 fn assigned(config: &ClientConfig, tpl: &TopicPartitionList) -> InputConsumer {
-    let kafka: BaseConsumer = config
-        .clone()
-        .set("group.id", unique_name("input-test"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+    let kafka = reading_consumer(config, "input-test");
     kafka.assign(tpl).expect("assign");
     InputConsumer::new(kafka).expect("input consumer")
 }
