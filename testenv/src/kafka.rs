@@ -18,19 +18,19 @@ pub struct PrivateKafka {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// `N` distinct free ports: the listeners are all held until every port is known, so that the
+/// system cannot hand the same port out twice.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [TcpListener; N] =
+        std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"));
+    listeners.map(|l| l.local_addr().expect("a bound port").port())
 }
 
 impl PrivateKafka {
     /// Formats a single-node KRaft broker in a temp dir and starts it; waits until it answers.
     pub fn start(env: &TestEnv) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let controller = free_port();
+        let [port, controller] = free_ports();
         let props = format!(
             "process.roles=broker,controller\nnode.id=1\n\
              controller.quorum.voters=1@127.0.0.1:{controller}\n\
@@ -135,6 +135,9 @@ impl PrivateKafka {
             .fetch_metadata(None, Duration::from_secs(2))
             .map_or(true, |md| md.brokers().is_empty())
         {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("the private broker exited ({status}) before serving");
+            }
             assert!(
                 std::time::Instant::now() < deadline,
                 "the private broker did not come up on {}",
