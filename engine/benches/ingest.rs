@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
-use topk_engine::event::parse_event_bytes;
+use topk_engine::event::EventParser;
 use topk_engine::partition::shard_for;
 use topk_engine::stream::ShardStream;
 use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
@@ -55,10 +55,11 @@ fn config(mode: Mode) -> EngineConfig {
 #[inline(never)]
 fn topk(cfg: &EngineConfig, payloads: &[Vec<u8>]) -> u64 {
     let mut stream = ShardStream::new(cfg, 0);
+    let mut parser = EventParser::new(cfg.max_key_bytes);
     let mut summaries = Vec::new();
     let now_ms = START_MS + 3_600_000;
     for payload in payloads {
-        if let Ok(event) = parse_event_bytes(payload, cfg.max_key_bytes) {
+        if let Ok(event) = parser.parse(payload) {
             // Rejections would show as a count below the payloads'.
             let _ = stream.ingest(&event, now_ms, &mut summaries);
         }

@@ -101,10 +101,43 @@ pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, Reject
 pub fn parse_event_bytes(input: &[u8], max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
     // Filled in place: the fields are moved once, into the event.
     let mut raw = RawEvent::default();
-    if flat::scan(input, &mut raw).is_none() {
+    if flat::scan(input, &mut raw, &mut ()).is_none() {
         raw = with_serde(input)?;
     }
-    checked(raw, max_key_bytes)
+    checked(&mut raw, max_key_bytes)
+}
+
+/// Parses a stream of events, as [`parse_event_bytes`] does, faster when they share a layout.
+///
+/// A producer writes every event with the same fields in the same order and the same spacing,
+/// so the parser keeps the layout of the last event it read in full (the bytes between the
+/// values, and what each value is) and first tries the next event against it: comparing those
+/// bytes a word at a time and scanning only the values. Any difference, and the event is read
+/// in full, which also learns its layout. Both ways give the same answer (property-tested).
+pub struct EventParser {
+    max_key_bytes: usize,
+    shape: flat::Shape,
+}
+
+impl EventParser {
+    pub fn new(max_key_bytes: usize) -> Self {
+        Self {
+            max_key_bytes,
+            shape: flat::Shape::default(),
+        }
+    }
+
+    #[inline]
+    pub fn parse<'a>(&mut self, input: &'a [u8]) -> Result<Event<'a>, RejectReason> {
+        let mut raw = RawEvent::default();
+        if self.shape.read(input, &mut raw).is_none() {
+            raw = RawEvent::default();
+            if flat::scan(input, &mut raw, &mut self.shape).is_none() {
+                raw = with_serde(input)?;
+            }
+        }
+        checked(&mut raw, self.max_key_bytes)
+    }
 }
 
 #[cold]
@@ -114,12 +147,13 @@ fn with_serde(input: &[u8]) -> Result<RawEvent<'_>, RejectReason> {
 
 /// The field checks shared by both parsers.
 #[inline(always)]
-fn checked(raw: RawEvent<'_>, max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
-    let metric = match raw.metric {
+fn checked<'a>(raw: &mut RawEvent<'a>, max_key_bytes: usize) -> Result<Event<'a>, RejectReason> {
+    // Fields are taken one by one: moving the whole (large) struct costs a `memcpy` per event.
+    let metric = match raw.metric.take() {
         Some(Text(m)) if !m.is_empty() => m,
         _ => return Err(RejectReason::MissingMetric),
     };
-    let key = match raw.key {
+    let key = match raw.key.take() {
         Some(Text(k)) if !k.is_empty() => k,
         _ => return Err(RejectReason::MissingKey),
     };
@@ -136,10 +170,10 @@ fn checked(raw: RawEvent<'_>, max_key_bytes: usize) -> Result<Event<'_>, RejectR
         Some(c) => c.cost().ok_or(RejectReason::InvalidCost)?,
     };
     Ok(Event {
-        event_id: raw.event_id.and_then(Scalar::into_id),
+        event_id: raw.event_id.take().and_then(Scalar::into_id),
         time_ms,
         metric,
-        scope: raw.scope.map_or(Cow::Borrowed(""), |Text(s)| s),
+        scope: raw.scope.take().map_or(Cow::Borrowed(""), |Text(s)| s),
         key,
         cost,
     })
@@ -163,11 +197,11 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
 /// The common case without serde: one flat object whose strings have no escapes and whose
 /// numbers are integers. Anything else (escapes, floats, nesting, `null`, duplicate fields,
 /// trailing bytes, any doubt) returns `None` and goes through serde, so both paths give the
-/// same answer (property-tested below through `parse_event_bytes`).
+/// same answer (property-tested below through `parse_event_bytes` and `EventParser`).
 mod flat {
     use std::borrow::Cow;
 
-    use super::{RawEvent, Scalar, Text};
+    use super::{RawEvent, Scalar};
 
     struct Cursor<'a> {
         text: &'a str,
@@ -217,12 +251,6 @@ mod flat {
             self.text.get(start..end)
         }
 
-        #[inline(always)]
-        fn string(&mut self) -> Option<&'a str> {
-            self.expect(b'"')?;
-            self.string_rest()
-        }
-
         /// The name of a field whose opening quote was just read. The six names an event
         /// has are compared in place, a machine word at a time with their closing quote (so
         /// `"keys"` is not `"key"`); any other name is read as a string.
@@ -263,51 +291,12 @@ mod flat {
             })
         }
 
-        /// An integer as serde_json reads it: negative ones signed, others unsigned. Anything
-        /// serde reads otherwise (past 19 digits, where u64 overflows and serde reads a float;
-        /// `-0`, also a float to serde) is left to serde.
+        /// The integer whose first byte was just read.
         #[inline(always)]
         fn integer(&mut self, first: u8) -> Option<Scalar<'a>> {
-            let negative = first == b'-';
-            let from = if negative { self.at } else { self.at - 1 };
-            let mut end = from;
-            // Cannot wrap: more than 19 digits are refused below.
-            let mut magnitude: u64 = 0;
-            while let Some(eight) = self.bytes.get(end..).and_then(<[u8]>::first_chunk::<8>) {
-                let Some(value) = eight_digits(u64::from_le_bytes(*eight)) else {
-                    break;
-                };
-                magnitude = magnitude.wrapping_mul(100_000_000).wrapping_add(value);
-                end += 8;
-            }
-            while let Some(digit @ b'0'..=b'9') = self.bytes.get(end) {
-                magnitude = magnitude
-                    .wrapping_mul(10)
-                    .wrapping_add(u64::from(digit - b'0'));
-                end += 1;
-            }
-            let digits = end - from;
-            let leading_zero = digits > 1 && self.bytes[from] == b'0';
-            if digits == 0 || digits > 19 || leading_zero || (negative && magnitude == 0) {
-                return None;
-            }
-            if matches!(self.bytes.get(end), Some(b'.' | b'e' | b'E')) {
-                return None;
-            }
+            let (value, end) = integer(self.bytes, self.at - 1, first)?;
             self.at = end;
-            if negative {
-                0i64.checked_sub_unsigned(magnitude).map(Scalar::Signed)
-            } else {
-                Some(Scalar::Unsigned(magnitude))
-            }
-        }
-
-        #[inline(always)]
-        fn scalar(&mut self) -> Option<Scalar<'a>> {
-            match self.next()? {
-                b'"' => self.string_rest().map(|s| Scalar::Text(Cow::Borrowed(s))),
-                first => self.integer(first),
-            }
+            Some(value)
         }
 
         /// Skips a value of a field nobody reads, if it is simple.
@@ -326,6 +315,46 @@ mod flat {
                 first => self.integer(first).map(|_| ()),
             }
         }
+    }
+
+    /// An integer as serde_json reads it, starting at `at` (where `first` is): negative ones
+    /// signed, others unsigned, with where it ends. Anything serde reads otherwise (past 19
+    /// digits, where u64 overflows and serde reads a float; `-0`, also a float to serde) is
+    /// left to serde.
+    #[inline(always)]
+    fn integer(bytes: &[u8], at: usize, first: u8) -> Option<(Scalar<'static>, usize)> {
+        let negative = first == b'-';
+        let from = if negative { at + 1 } else { at };
+        let mut end = from;
+        // Cannot wrap: more than 19 digits are refused below.
+        let mut magnitude: u64 = 0;
+        while let Some(eight) = bytes.get(end..).and_then(<[u8]>::first_chunk::<8>) {
+            let Some(value) = eight_digits(u64::from_le_bytes(*eight)) else {
+                break;
+            };
+            magnitude = magnitude.wrapping_mul(100_000_000).wrapping_add(value);
+            end += 8;
+        }
+        while let Some(digit @ b'0'..=b'9') = bytes.get(end) {
+            magnitude = magnitude
+                .wrapping_mul(10)
+                .wrapping_add(u64::from(digit - b'0'));
+            end += 1;
+        }
+        let digits = end - from;
+        let leading_zero = digits > 1 && bytes[from] == b'0';
+        if digits == 0 || digits > 19 || leading_zero || (negative && magnitude == 0) {
+            return None;
+        }
+        if matches!(bytes.get(end), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        let value = if negative {
+            Scalar::Signed(0i64.checked_sub_unsigned(magnitude)?)
+        } else {
+            Scalar::Unsigned(magnitude)
+        };
+        Some((value, end))
     }
 
     /// The value of eight ASCII digits read as a little-endian word (the first digit in the
@@ -347,7 +376,7 @@ mod flat {
 
     /// The fields an event has; any other is skipped.
     #[derive(Clone, Copy)]
-    enum Field {
+    pub(super) enum Field {
         EventId,
         EventTime,
         Cost,
@@ -420,22 +449,56 @@ mod flat {
         (found != 0).then(|| bytes.len() + found.trailing_zeros() as usize / 8 - 8)
     }
 
+    /// Bytes as text, checked for UTF-8 (ASCII quickly); text that is not UTF-8 is left to
+    /// serde, which names the error. [`scan`] checks the whole payload at once, which is
+    /// cheaper than one check per string.
     #[inline(always)]
-    fn set<T>(slot: &mut Option<T>, value: T) -> Option<()> {
-        // A repeated field is an error to serde: let it say so.
-        slot.is_none().then(|| *slot = Some(value))
+    fn utf8(bytes: &[u8]) -> Option<&str> {
+        if bytes.is_ascii() {
+            // SAFETY: every byte is below 0x80, and ASCII bytes are valid UTF-8 on their own.
+            Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+        } else {
+            std::str::from_utf8(bytes).ok()
+        }
+    }
+
+    /// What a value of a read field is: the text of a string (between its quotes) or an integer.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Kind {
+        String,
+        Integer,
+    }
+
+    /// Told where [`scan`] found each value, so that a [`Shape`] can learn the layout.
+    pub(super) trait Record {
+        fn begin(&mut self);
+        /// A value of `field` at `start..end` of `bytes` (a string's text, without its quotes).
+        fn value(&mut self, bytes: &[u8], field: Field, kind: Kind, start: usize, end: usize);
+        /// A field nobody reads: the layout is not kept.
+        fn other(&mut self);
+        fn end(&mut self, bytes: &[u8]);
+    }
+
+    /// Nothing recorded, for one-off parses.
+    impl Record for () {
+        #[inline(always)]
+        fn begin(&mut self) {}
+        #[inline(always)]
+        fn value(&mut self, _: &[u8], _: Field, _: Kind, _: usize, _: usize) {}
+        #[inline(always)]
+        fn other(&mut self) {}
+        #[inline(always)]
+        fn end(&mut self, _: &[u8]) {}
     }
 
     #[inline(always)]
-    pub(super) fn scan<'a>(bytes: &'a [u8], raw: &mut RawEvent<'a>) -> Option<()> {
-        // One check of the whole payload is cheaper than one per string; a payload that is
-        // not UTF-8 is left to serde, which names the error.
-        let text = if bytes.is_ascii() {
-            // SAFETY: every byte is below 0x80, and ASCII bytes are valid UTF-8 on their own.
-            unsafe { std::str::from_utf8_unchecked(bytes) }
-        } else {
-            std::str::from_utf8(bytes).ok()?
-        };
+    pub(super) fn scan<'a>(
+        bytes: &'a [u8],
+        raw: &mut RawEvent<'a>,
+        record: &mut impl Record,
+    ) -> Option<()> {
+        record.begin();
+        let text = utf8(bytes)?;
         let mut c = Cursor { text, bytes, at: 0 };
         c.expect(b'{')?;
         let mut next = c.next()?;
@@ -446,14 +509,27 @@ mod flat {
                 }
                 let field = c.field()?;
                 c.expect(b':')?;
-                match field {
-                    Field::EventId => set(&mut raw.event_id, c.scalar()?)?,
-                    Field::EventTime => set(&mut raw.event_time, c.scalar()?)?,
-                    Field::Cost => set(&mut raw.cost, c.scalar()?)?,
-                    Field::Metric => set(&mut raw.metric, Text(Cow::Borrowed(c.string()?)))?,
-                    Field::Scope => set(&mut raw.scope, Text(Cow::Borrowed(c.string()?)))?,
-                    Field::Key => set(&mut raw.key, Text(Cow::Borrowed(c.string()?)))?,
-                    Field::Other => c.skip_value()?,
+                if let Field::Other = field {
+                    record.other();
+                    c.skip_value()?;
+                } else {
+                    let first = c.next()?;
+                    let start = c.at;
+                    let (kind, value) = if first == b'"' {
+                        (Kind::String, Scalar::Text(Cow::Borrowed(c.string_rest()?)))
+                    } else {
+                        (Kind::Integer, c.integer(first)?)
+                    };
+                    let (start, end) = match kind {
+                        Kind::String => (start, c.at - 1),
+                        Kind::Integer => (start - 1, c.at),
+                    };
+                    record.value(bytes, field, kind, start, end);
+                    if raw.has(field) {
+                        // A repeated field is an error to serde: let it say so.
+                        return None;
+                    }
+                    raw.put(field, value)?;
                 }
                 match c.next()? {
                     b',' => next = c.next()?,
@@ -463,7 +539,146 @@ mod flat {
             }
         }
         // Only whitespace may follow.
-        c.next().is_none().then_some(())
+        c.next().is_none().then(|| record.end(bytes))
+    }
+
+    /// The layout of the last event read in full: the bytes around its values (field names,
+    /// punctuation, spacing) and what each value is. [`Shape::read`] takes an event with the
+    /// same bytes around values of the same kinds; [`scan`] would read it alike.
+    #[derive(Default)]
+    pub(super) struct Shape {
+        /// Every stretch of bytes between values, one after another.
+        text: Vec<u8>,
+        /// Per value in order: where the stretch before it ends in `text`, and the value.
+        steps: Vec<(usize, Field, Kind)>,
+        /// Where the recording stands in the event being scanned.
+        at: usize,
+        /// The event being scanned has a field nobody reads: its layout is not kept.
+        unread_field: bool,
+        learned: bool,
+    }
+
+    impl Record for Shape {
+        fn begin(&mut self) {
+            self.text.clear();
+            self.steps.clear();
+            self.at = 0;
+            self.unread_field = false;
+            self.learned = false;
+        }
+
+        fn value(&mut self, bytes: &[u8], field: Field, kind: Kind, start: usize, end: usize) {
+            self.text.extend_from_slice(&bytes[self.at..start]);
+            self.steps.push((self.text.len(), field, kind));
+            self.at = end;
+        }
+
+        fn other(&mut self) {
+            self.unread_field = true;
+        }
+
+        fn end(&mut self, bytes: &[u8]) {
+            self.text.extend_from_slice(&bytes[self.at..]);
+            self.learned = !self.unread_field;
+        }
+    }
+
+    impl Shape {
+        /// Reads an event of the learned layout; `None` for any other (`raw` is then partly
+        /// filled and must be reset).
+        #[inline(always)]
+        pub(super) fn read<'a>(&self, bytes: &'a [u8], raw: &mut RawEvent<'a>) -> Option<()> {
+            if !self.learned {
+                return None;
+            }
+            let mut at = 0;
+            let mut from = 0;
+            for &(until, field, kind) in &self.steps {
+                let between = self.text.get(from..until)?;
+                from = until;
+                if !holds_at(bytes, at, between) {
+                    return None;
+                }
+                at += between.len();
+                let value = match kind {
+                    Kind::String => {
+                        // The closing quote starts the next stretch, which checks it.
+                        let end = at + string_end(bytes.get(at..)?)?;
+                        let text = utf8(bytes.get(at..end)?)?;
+                        at = end;
+                        Scalar::Text(Cow::Borrowed(text))
+                    }
+                    Kind::Integer => {
+                        let (value, end) = integer(bytes, at, *bytes.get(at)?)?;
+                        at = end;
+                        value
+                    }
+                };
+                raw.put(field, value)?;
+            }
+            // The stretches are ASCII (punctuation, spacing and the names read), so checking
+            // the strings' text covers the whole event.
+            let tail = self.text.get(from..)?;
+            (holds_at(bytes, at, tail) && at + tail.len() == bytes.len()).then_some(())
+        }
+    }
+
+    /// Whether `bytes` holds `expected` at `at`: two overlapping words for 8 to 16 bytes (the
+    /// usual stretch between values), byte by byte otherwise; no `memcmp` call.
+    #[inline(always)]
+    fn holds_at(bytes: &[u8], at: usize, expected: &[u8]) -> bool {
+        let Some(found) = bytes.get(at..).and_then(|rest| rest.get(..expected.len())) else {
+            return false;
+        };
+        match (
+            found.first_chunk::<8>(),
+            found.last_chunk::<8>(),
+            expected.first_chunk::<8>(),
+            expected.last_chunk::<8>(),
+        ) {
+            (Some(head), Some(tail), Some(want_head), Some(want_tail)) if expected.len() <= 16 => {
+                head == want_head && tail == want_tail
+            }
+            _ => found.iter().zip(expected).all(|(a, b)| a == b),
+        }
+    }
+}
+
+impl<'a> RawEvent<'a> {
+    /// Whether the field was read already.
+    #[inline(always)]
+    fn has(&self, field: flat::Field) -> bool {
+        use flat::Field;
+        match field {
+            Field::EventId => self.event_id.is_some(),
+            Field::EventTime => self.event_time.is_some(),
+            Field::Cost => self.cost.is_some(),
+            Field::Metric => self.metric.is_some(),
+            Field::Scope => self.scope.is_some(),
+            Field::Key => self.key.is_some(),
+            Field::Other => false,
+        }
+    }
+
+    /// Stores a value read by the flat parser; `None` for a value the field cannot take there
+    /// (a number as a metric, scope or key is serde's to reject).
+    #[inline(always)]
+    fn put(&mut self, field: flat::Field, value: Scalar<'a>) -> Option<()> {
+        use flat::Field;
+        let text = |value| match value {
+            Scalar::Text(s) => Some(Some(Text(s))),
+            _ => None,
+        };
+        match field {
+            Field::EventId => self.event_id = Some(value),
+            Field::EventTime => self.event_time = Some(value),
+            Field::Cost => self.cost = Some(value),
+            Field::Metric => self.metric = text(value)?,
+            Field::Scope => self.scope = text(value)?,
+            Field::Key => self.key = text(value)?,
+            Field::Other => {}
+        }
+        Some(())
     }
 }
 
@@ -526,6 +741,7 @@ impl<'a> Scalar<'a> {
     }
 
     /// `event_id`: a string, or an integer kept in its decimal form.
+    #[inline]
     fn into_id(self) -> Option<Cow<'a, str>> {
         match self {
             Scalar::Text(t) => Some(t),
@@ -695,7 +911,7 @@ mod tests {
     #[test]
     fn typical_events_take_the_fast_path_and_unusual_ones_do_not() {
         let typical = br#"{"event_time":1788289200000,"metric":"m","scope":"eu","key":"k","cost":2,"event_id":"e1"}"#;
-        assert!(flat::scan(typical, &mut RawEvent::default()).is_some());
+        assert!(flat::scan(typical, &mut RawEvent::default(), &mut ()).is_some());
         for unusual in [
             &br#"{"event_time":1,"metric":"m","key":"a\"b"}"#[..],
             br#"{"event_time":1.5,"metric":"m","key":"k"}"#,
@@ -704,10 +920,39 @@ mod tests {
             br#"{"event_time":1,"metric":"m","key":"k"} x"#,
         ] {
             assert!(
-                flat::scan(unusual, &mut RawEvent::default()).is_none(),
+                flat::scan(unusual, &mut RawEvent::default(), &mut ()).is_none(),
                 "{}",
                 String::from_utf8_lossy(unusual)
             );
+        }
+    }
+
+    #[test]
+    fn a_parser_reads_a_known_layout_by_its_values() {
+        let mut parser = EventParser::new(16);
+        let first = br#"{"event_time":1000,"metric":"m","scope":"eu","key":"a"}"#;
+        let next = br#"{"event_time":2000,"metric":"m","scope":"us","key":"bcd"}"#;
+        assert_eq!(parser.parse(first), parse_event_bytes(first, 16));
+        let mut raw = RawEvent::default();
+        assert!(parser.shape.read(next, &mut raw).is_some(), "same layout");
+        let e = parser.parse(next).unwrap();
+        assert_eq!(
+            (e.time_ms, e.scope.as_ref(), e.key.as_ref()),
+            (2000, "us", "bcd")
+        );
+        assert!(matches!(e.key, Cow::Borrowed(_)));
+        // Another layout, a value of another kind, an escape, trailing bytes: read in full.
+        for other in [
+            &br#"{"metric":"m","event_time":2000,"scope":"us","key":"b"}"#[..],
+            br#"{"event_time":"2026-09-01T19:00:00Z","metric":"m","scope":"us","key":"b"}"#,
+            br#"{"event_time":2000,"metric":"m","scope":"us","key":"a\"b"}"#,
+            br#"{"event_time":2000,"metric":"m","scope":"us","key":"b"} "#,
+            br#"{"event_time":2000.5,"metric":"m","scope":"us","key":"b"}"#,
+        ] {
+            let mut raw = RawEvent::default();
+            assert!(parser.shape.read(other, &mut raw).is_none());
+            assert_eq!(parser.parse(other), parse_event_bytes(other, 16));
+            parser.parse(first).unwrap();
         }
     }
 
@@ -717,7 +962,7 @@ mod tests {
         use super::super::*;
 
         fn serde_only(input: &[u8]) -> Result<Event<'_>, RejectReason> {
-            checked(with_serde(input)?, 8)
+            checked(&mut with_serde(input)?, 8)
         }
 
         fn value() -> impl Strategy<Value = String> {
@@ -798,8 +1043,54 @@ mod tests {
             )
         }
 
+        /// A typical event with one byte changed: close to a learned layout, or to a valid
+        /// value, without being either.
+        fn near_typical() -> impl Strategy<Value = Vec<u8>> {
+            let byte = prop_oneof![
+                Just(b'"'),
+                Just(b'\\'),
+                Just(b' '),
+                Just(b'\t'),
+                Just(b'x'),
+                Just(b','),
+                Just(b'}'),
+                Just(b':'),
+                Just(b'0'),
+                Just(b'.'),
+                Just(0x01),
+                Just(0xff),
+            ];
+            (typical(), any::<prop::sample::Index>(), byte).prop_map(|(mut event, at, byte)| {
+                let at = at.index(event.len());
+                event[at] = byte;
+                event
+            })
+        }
+
+        /// Events of a few layouts in runs, as producers write them, among odd ones.
+        fn stream() -> impl Strategy<Value = Vec<Vec<u8>>> {
+            prop::collection::vec(
+                prop_oneof![
+                    4 => (typical(), 1usize..6).prop_map(|(event, run)| vec![event; run]),
+                    4 => prop::collection::vec(typical(), 1..6),
+                    2 => prop::collection::vec(near_typical(), 1..3),
+                    1 => prop::collection::vec(object(), 1..3),
+                ],
+                1..12,
+            )
+            .prop_map(|runs| runs.concat())
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(4000))]
+
+            #[test]
+            fn a_parser_answers_as_a_one_off_parse_does(events in stream()) {
+                let mut parser = EventParser::new(8);
+                for input in &events {
+                    prop_assert_eq!(parser.parse(input), parse_event_bytes(input, 8));
+                }
+            }
 
             #[test]
             fn the_word_scan_finds_what_a_byte_scan_finds(

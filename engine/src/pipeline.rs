@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::event::{Event, RejectReason, parse_event};
+use crate::event::{Event, EventParser, RejectReason};
 use crate::partition::shard_for;
 use crate::shard::ShardCounter;
 use crate::summary::{Ranking, merge_known};
@@ -32,6 +32,7 @@ pub struct Published {
 
 pub struct Pipeline {
     cfg: EngineConfig,
+    parser: EventParser,
     shards: Vec<ShardCounter>,
     max_event_ms: Option<i64>,
     /// Per window, the boundary of the last published list.
@@ -52,6 +53,7 @@ impl Pipeline {
             .collect();
         let windows = cfg.windows.len();
         Ok(Self {
+            parser: EventParser::new(cfg.max_key_bytes),
             cfg,
             shards,
             max_event_ms: None,
@@ -100,7 +102,9 @@ impl Pipeline {
         if line.trim().is_empty() {
             return IngestOutcome::Blank;
         }
-        let result = parse_event(line, self.cfg.max_key_bytes)
+        let result = self
+            .parser
+            .parse(line.as_bytes())
             .and_then(|event| self.ingest(&event, now_ms, out));
         match result {
             Ok(()) => IngestOutcome::Accepted,

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use topk_api::assignment::AssignmentTable;
 use topk_api::record::SummaryRecord;
 use topk_api::topics::TopicNames;
-use topk_engine::event::{RejectReason, parse_event_bytes};
+use topk_engine::event::{EventParser, RejectReason};
 use topk_engine::stream::ShardStream;
 use topk_engine::{EngineConfig, ShardSummary};
 
@@ -57,6 +57,8 @@ pub struct WorkerSettings {
 
 struct Owned {
     stream: ShardStream,
+    /// Per shard: the events of one partition most likely share a producer's layout.
+    parser: EventParser,
     epoch: u64,
     next_offset: i64,
     last_event: Instant,
@@ -161,7 +163,9 @@ impl Sink {
         owned.active = true;
         let metrics = &self.health.metrics;
         let payload = msg.payload();
-        let outcome = parse_event_bytes(payload, self.settings.engine.max_key_bytes)
+        let outcome = owned
+            .parser
+            .parse(payload)
             .and_then(|event| owned.stream.ingest(&event, now_ms, summaries));
         if let Err(reason) = outcome {
             metrics.rejected(reason);
@@ -681,6 +685,7 @@ impl Worker {
         stream.set_epoch(epoch);
         Ok(Owned {
             stream,
+            parser: EventParser::new(self.sink.settings.engine.max_key_bytes),
             epoch,
             next_offset,
             last_event: Instant::now(),
