@@ -503,7 +503,7 @@ mod flat {
     }
 
     /// What a value of a read field is: the text of a string (between its quotes) or an integer.
-    #[derive(Clone, Copy, PartialEq, Eq)]
+    #[derive(Clone, Copy)]
     pub(super) enum Kind {
         String,
         Integer,
@@ -593,37 +593,56 @@ mod flat {
         steps: Vec<(usize, Field, Kind)>,
         /// Where the recording stands in the event being scanned.
         at: usize,
-        /// The event being scanned has a field nobody reads: its layout is not kept.
-        unread_field: bool,
+        /// Whether the layout being recorded is worth keeping: not if the event has a field
+        /// nobody reads, or more than [`MAX_LAYOUT_BYTES`] around its values.
+        keep: bool,
         learned: bool,
     }
+
+    /// Bytes around the values of a layout worth keeping (a typical event has ~50); an event
+    /// padded with more spacing than that is read in full, and costs no memory here.
+    const MAX_LAYOUT_BYTES: usize = 1024;
 
     impl Record for Shape {
         fn begin(&mut self) {
             self.text.clear();
             self.steps.clear();
             self.at = 0;
-            self.unread_field = false;
+            self.keep = true;
             self.learned = false;
         }
 
         fn value(&mut self, bytes: &[u8], field: Field, kind: Kind, start: usize, end: usize) {
-            self.text.extend_from_slice(&bytes[self.at..start]);
+            self.add_between(&bytes[self.at..start]);
             self.steps.push((self.text.len(), field, kind));
             self.at = end;
         }
 
         fn other(&mut self) {
-            self.unread_field = true;
+            self.keep = false;
         }
 
         fn end(&mut self, bytes: &[u8]) {
-            self.text.extend_from_slice(&bytes[self.at..]);
-            self.learned = !self.unread_field;
+            self.add_between(&bytes[self.at..]);
+            self.learned = self.keep;
         }
     }
 
     impl Shape {
+        #[cfg(test)]
+        pub(super) fn kept_bytes(&self) -> usize {
+            self.text.len()
+        }
+
+        fn add_between(&mut self, between: &[u8]) {
+            if self.text.len() + between.len() > MAX_LAYOUT_BYTES {
+                self.keep = false;
+            }
+            if self.keep {
+                self.text.extend_from_slice(between);
+            }
+        }
+
         /// Reads an event of the learned layout; `None` for any other (`raw` is then partly
         /// filled and must be reset).
         #[inline(always)]
@@ -983,6 +1002,18 @@ mod tests {
             (2000, "us", "bcd")
         );
         assert!(matches!(e.key, Cow::Borrowed(_)));
+        // A layout padded past the limit is read, not kept.
+        let padded = format!(
+            r#"{{"event_time":1,{}"metric":"m","key":"a"}}"#,
+            " ".repeat(2000)
+        );
+        assert_eq!(
+            parser.parse(padded.as_bytes()),
+            parse_event_bytes(padded.as_bytes(), 16)
+        );
+        assert!(parser.shape.read(first, &mut RawEvent::default()).is_none());
+        assert!(parser.shape.kept_bytes() <= 1024);
+        parser.parse(first).unwrap();
         // Another layout, a value of another kind, an escape, trailing bytes: read in full.
         for other in [
             &br#"{"metric":"m","event_time":2000,"scope":"us","key":"b"}"#[..],
