@@ -71,9 +71,23 @@ impl ExactWindow {
 
     /// Counts `cost` for key `id` at `time_ms`. Returns false (and counts nothing) when the
     /// bucket is already closed; the pipeline's lateness rule prevents that.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn add(&mut self, time_ms: i64, id: u32, cost: u64, keys: &mut KeyTable) -> bool {
         let idx = self.bucket_finder.index(time_ms);
+        // Nearly every event: a key already counted in the newest bucket (which is open).
+        if self.newest == Some(idx) {
+            let slot = keys.newest_slot(id, self.position);
+            if slot.bucket == idx {
+                slot.count += cost;
+                return true;
+            }
+        }
+        self.add_in(idx, id, cost, keys)
+    }
+
+    /// [`ExactWindow::add`] for a key new to the newest bucket, a newer bucket or an older one.
+    #[inline(never)]
+    fn add_in(&mut self, idx: i64, id: u32, cost: u64, keys: &mut KeyTable) -> bool {
         if idx < self.closed_through {
             return false;
         }
