@@ -5,6 +5,7 @@
 //! windows and freed when no window holds the key any more, so memory follows the keys that
 //! are live in some window, not every key ever seen.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use hashbrown::HashTable;
@@ -31,6 +32,10 @@ pub(crate) struct ScopeTable {
     /// Scopes of up to seven bytes (regions, tenants, most of them) by [`short_scope`]: found
     /// with one multiply and one word compare instead of hashing bytes and calling `memcmp`.
     short_ids: FxHashMap<u64, u32>,
+    /// Short scopes found lately, by three bits of their word: a partition carries a handful
+    /// of scopes at a time, found here without a hash-table probe. Ids never change, so
+    /// nothing here goes stale; the empty word matches no scope.
+    recent: [Cell<(u64, u32)>; 8],
     names: Vec<Box<str>>,
     seeds: Vec<u64>,
 }
@@ -65,15 +70,22 @@ impl ScopeTable {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn find(&self, scope: &str) -> Option<u32> {
         if scope.is_empty() {
             return Some(0);
         }
-        match short_scope(scope) {
-            Some(word) => self.short_ids.get(&word).copied(),
-            None => self.ids.get(scope).copied(),
+        let Some(word) = short_scope(scope) else {
+            return self.ids.get(scope).copied();
+        };
+        let recent = &self.recent[(word.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 61) as usize];
+        let (seen, id) = recent.get();
+        if seen == word {
+            return Some(id);
         }
+        let id = self.short_ids.get(&word).copied()?;
+        recent.set((word, id));
+        Some(id)
     }
 
     pub(crate) fn register(&mut self, scope: &str) -> u32 {
@@ -379,6 +391,17 @@ mod tests {
         assert_eq!(t.find(""), Some(0));
         assert_eq!(t.find("abcdef"), None);
         assert_eq!(t.find("abcdefghij"), None);
+        // More short scopes than remembered ones, found in turn, twice.
+        let many: Vec<String> = (0..100).map(|i| format!("s{i}")).collect();
+        let many_ids: Vec<u32> = many.iter().map(|n| t.intern(n)).collect();
+        for _ in 0..2 {
+            for (name, id) in many.iter().zip(&many_ids) {
+                assert_eq!(t.find(name), Some(*id), "{name}");
+            }
+        }
+        for (name, id) in names.iter().zip(&ids) {
+            assert_eq!(t.find(name), Some(*id), "{name:?}");
+        }
     }
 
     #[test]
