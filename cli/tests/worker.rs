@@ -94,23 +94,33 @@ impl Fixture {
         }
     }
 
+    /// `topk worker` arguments for worker `ordinal` in namespace `ns`, with its own state dir.
+    fn worker_args(&self, ns: &str, ordinal: u32) -> Vec<String> {
+        let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        vec![
+            "worker".into(),
+            "--config".into(),
+            path(&self.config),
+            "--namespace".into(),
+            ns.into(),
+            "--ordinal".into(),
+            ordinal.to_string(),
+            "--state-dir".into(),
+            path(&self.dir.path().join(format!("state-{ordinal}"))),
+        ]
+    }
+
     /// Starts worker `ordinal` in namespace `ns`; `control` adds what says where its table is.
     fn spawn(&self, ns: &str, ordinal: u32, control: impl FnOnce(&mut Command)) -> Worker {
         let mut command = common::topk();
-        command
-            .args(["worker", "--config"])
-            .arg(&self.config)
-            .args(["--namespace", ns, "--ordinal", &ordinal.to_string()])
-            .arg("--state-dir")
-            .arg(self.dir.path().join(format!("state-{ordinal}")))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--checkpoint-interval",
-                "150ms",
-                "--idle-timeout",
-                "1s",
-            ]);
+        command.args(self.worker_args(ns, ordinal)).args([
+            "--listen",
+            "127.0.0.1:0",
+            "--checkpoint-interval",
+            "150ms",
+            "--idle-timeout",
+            "1s",
+        ]);
         control(&mut command);
         Worker(
             command
@@ -127,22 +137,10 @@ impl Fixture {
     fn serve_all_shards(&self, ns: &str, extra: &[&str]) -> common::Server {
         let assignment = self.dir.path().join("assignment.json");
         std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
-        let config = self.config.to_string_lossy().into_owned();
-        let state = self.dir.path().join("state").to_string_lossy().into_owned();
-        let assignment = assignment.to_string_lossy().into_owned();
-        let mut args = vec![
-            "worker",
-            "--config",
-            &config,
-            "--namespace",
-            ns,
-            "--ordinal",
-            "0",
-            "--state-dir",
-            &state,
-            "--assignment-file",
-            &assignment,
-        ];
+        let mut args = self.worker_args(ns, 0);
+        args.push("--assignment-file".into());
+        args.push(assignment.to_string_lossy().into_owned());
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);
         common::spawn(&args)
     }

@@ -209,6 +209,7 @@ mod flat {
     use std::borrow::Cow;
 
     use super::{RawEvent, Scalar};
+    use crate::bytes::same_bytes;
 
     struct Cursor<'a> {
         text: &'a str,
@@ -698,7 +699,7 @@ mod flat {
             (Some(head), Some(tail), Some(want_head), Some(want_tail)) if expected.len() <= 16 => {
                 head == want_head && tail == want_tail
             }
-            _ => found.iter().zip(expected).all(|(a, b)| a == b),
+            _ => same_bytes(found, expected),
         }
     }
 }

@@ -12,18 +12,13 @@ use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+use crate::bytes::same_bytes;
+
 /// Stable 64-bit hash of a key within its scope. It is persisted inside sketches, so it must
 /// not change between versions: xxh3 is a specified, seedable hash.
 #[inline]
 pub fn key_hash(scope_seed: u64, key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), scope_seed)
-}
-
-/// Byte equality in line: keys are short, and a call to `memcmp` per lookup costs more than
-/// comparing a few bytes here.
-#[inline(always)]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 #[derive(Debug, Default)]
