@@ -4,7 +4,7 @@
 //! `cargo bench -p topk-worker --bench throughput` (after `./scripts/testenv.sh up`).
 //! `WORKER_BENCH_EVENTS` sets the stream length (default 3,000,000 events, 4 partitions: a few
 //! seconds of counting, so that start-up effects such as the first touch of fetch buffers and
-//! table growth weigh little and the worker checkpoints several times while it is timed).
+//! table growth weigh little and the worker checkpoints at least once while it is timed).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
