@@ -112,9 +112,9 @@ impl ScopeTable {
 }
 
 /// A key's count in a window's newest open bucket, valid while `bucket` equals that bucket's
-/// index. Counting an event in every window touches only the key's slots, side by side: the
-/// bucket's own list of keys is written once per key and bucket, and gets the counts when the
-/// bucket stops being the newest.
+/// index. Counting an event touches only the key's record, where the slots of its first windows
+/// sit: the bucket's own list of keys is written once per key and bucket, and gets the counts
+/// when the bucket stops being the newest.
 #[derive(Clone, Copy)]
 pub(crate) struct NewestSlot {
     pub(crate) bucket: i64,
@@ -126,15 +126,7 @@ const NO_SLOT: NewestSlot = NewestSlot {
     count: 0,
 };
 
-/// The hash table holds the key next to its id (its text too, when short), so a lookup of a
-/// known key touches the table and nothing else; `ids` maps back from id to key for summaries.
-struct Indexed {
-    scope: u32,
-    id: u32,
-    key: KeyText,
-}
-
-/// Bytes of a key kept inside its table entry instead of behind a pointer.
+/// Bytes of a key kept inside its record instead of behind a pointer.
 const INLINE_KEY: usize = 22;
 
 /// A key's text: inline up to [`INLINE_KEY`] bytes (most keys: ids, routes, tags), shared on
@@ -145,7 +137,7 @@ enum KeyText {
     Shared(Arc<str>),
 }
 
-// Two words and a tag: the table entry stays 32 bytes.
+// Two words and a tag, so that a record with two slots is one cache line.
 const _: () = assert!(std::mem::size_of::<KeyText>() == 24);
 
 impl KeyText {
@@ -187,22 +179,43 @@ impl KeyText {
     }
 }
 
-struct IdEntry {
-    hash: u64,
+/// Windows whose newest-bucket slot sits in the key's own record: most metrics have one or two.
+const RECORD_WINDOWS: usize = 2;
+
+/// Everything counting a known key touches, in one cache line: its scope and text (to confirm
+/// a lookup), its references, and its count in the newest bucket of the first windows. The
+/// index holds only ids, so a lookup reads a small table that stays in cache and then this
+/// line, instead of a wide table entry and then a separate line of counts.
+#[repr(C, align(64))]
+struct KeyRecord {
     scope: u32,
     /// Buckets and window totals holding the key; it is freed when none does.
     refs: u32,
+    /// `None` while the id is free.
     key: Option<KeyText>,
+    newest: [NewestSlot; RECORD_WINDOWS],
 }
 
+const _: () = assert!(std::mem::size_of::<KeyRecord>() == 64);
+
+const FREE_RECORD: KeyRecord = KeyRecord {
+    scope: 0,
+    refs: 0,
+    key: None,
+    newest: [NO_SLOT; RECORD_WINDOWS],
+};
+
 pub(crate) struct KeyTable {
-    index: HashTable<Indexed>,
-    ids: Vec<IdEntry>,
+    /// Ids by key hash; an id's record says which key it is.
+    index: HashTable<u32>,
+    records: Vec<KeyRecord>,
+    /// Each id's key hash, for growing the index and removing from it.
+    hashes: Vec<u64>,
     free: Vec<u32>,
-    /// `windows` newest-bucket slots per id, side by side so one cache line serves them all.
-    newest: Vec<NewestSlot>,
+    /// Newest-bucket slots of the windows past the first [`RECORD_WINDOWS`], side by side per id.
+    more_newest: Vec<NewestSlot>,
     windows: usize,
-    /// Heap bytes of the keys too long to sit in their entries.
+    /// Heap bytes of the keys too long to sit in their records.
     key_bytes: usize,
 }
 
@@ -210,12 +223,17 @@ impl KeyTable {
     pub(crate) fn new(windows: usize) -> Self {
         Self {
             index: HashTable::new(),
-            ids: Vec::new(),
+            records: Vec::new(),
+            hashes: Vec::new(),
             free: Vec::new(),
-            newest: Vec::new(),
+            more_newest: Vec::new(),
             windows: windows.max(1),
             key_bytes: 0,
         }
+    }
+
+    fn more_windows(&self) -> usize {
+        self.windows.saturating_sub(RECORD_WINDOWS)
     }
 
     /// Id of the key, creating it with no references if unknown. The caller takes a reference
@@ -230,64 +248,79 @@ impl KeyTable {
 
     #[inline]
     pub(crate) fn find(&self, hash: u64, scope: u32, key: &str) -> Option<u32> {
+        let records = &self.records;
         self.index
-            .find(hash, |e| {
-                e.scope == scope && same_bytes(e.key.as_bytes(), key.as_bytes())
+            .find(hash, |&id| {
+                records.get(id as usize).is_some_and(|r| {
+                    r.scope == scope
+                        && r.key
+                            .as_ref()
+                            .is_some_and(|k| same_bytes(k.as_bytes(), key.as_bytes()))
+                })
             })
-            .map(|e| e.id)
+            .copied()
     }
 
     /// Creates an id, with no references, for a key that [`KeyTable::find`] did not find.
     pub(crate) fn insert(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
         let key = KeyText::new(key);
         self.key_bytes += key.heap_bytes();
-        let entry = IdEntry {
-            hash,
+        let record = KeyRecord {
             scope,
             refs: 0,
-            key: Some(key.clone()),
+            key: Some(key),
+            newest: [NO_SLOT; RECORD_WINDOWS],
         };
+        let more = self.more_windows();
         let id = match self.free.pop() {
             Some(id) => {
-                self.ids[id as usize] = entry;
-                let at = id as usize * self.windows;
-                self.newest[at..at + self.windows].fill(NO_SLOT);
+                self.records[id as usize] = record;
+                self.hashes[id as usize] = hash;
+                let at = id as usize * more;
+                self.more_newest[at..at + more].fill(NO_SLOT);
                 id
             }
             None => {
-                self.ids.push(entry);
-                self.newest
-                    .extend(std::iter::repeat_n(NO_SLOT, self.windows));
-                (self.ids.len() - 1) as u32
+                self.records.push(record);
+                self.hashes.push(hash);
+                self.more_newest.extend(std::iter::repeat_n(NO_SLOT, more));
+                (self.records.len() - 1) as u32
             }
         };
-        let ids = &self.ids;
+        let hashes = &self.hashes;
         self.index
-            .insert_unique(hash, Indexed { scope, id, key }, |e| {
-                ids[e.id as usize].hash
-            });
+            .insert_unique(hash, id, |&id| hashes[id as usize]);
         id
     }
 
     #[inline]
     pub(crate) fn newest_slot(&mut self, id: u32, window: usize) -> &mut NewestSlot {
-        &mut self.newest[id as usize * self.windows + window]
+        if window < RECORD_WINDOWS {
+            &mut self.records[id as usize].newest[window]
+        } else {
+            let more = self.more_windows();
+            &mut self.more_newest[id as usize * more + window - RECORD_WINDOWS]
+        }
     }
 
     pub(crate) fn newest_count(&self, id: u32, window: usize, bucket: i64) -> u64 {
-        let slot = self.newest[id as usize * self.windows + window];
+        let slot = if window < RECORD_WINDOWS {
+            self.records[id as usize].newest[window]
+        } else {
+            self.more_newest[id as usize * self.more_windows() + window - RECORD_WINDOWS]
+        };
         if slot.bucket == bucket { slot.count } else { 0 }
     }
 
     #[inline]
     pub(crate) fn incref(&mut self, id: u32) {
-        self.ids[id as usize].refs += 1;
+        self.records[id as usize].refs += 1;
     }
 
     pub(crate) fn decref(&mut self, id: u32) {
-        let entry = &mut self.ids[id as usize];
-        entry.refs -= 1;
-        if entry.refs == 0 {
+        let record = &mut self.records[id as usize];
+        record.refs -= 1;
+        if record.refs == 0 {
             self.free(id);
         }
     }
@@ -295,47 +328,50 @@ impl KeyTable {
     /// Frees a key that nothing took after [`KeyTable::insert`] (every bucket it was meant
     /// for had closed).
     pub(crate) fn free_if_unheld(&mut self, id: u32) {
-        if self.ids[id as usize].refs == 0 {
+        if self.records[id as usize].refs == 0 {
             self.free(id);
         }
     }
 
     fn free(&mut self, id: u32) {
-        let entry = &mut self.ids[id as usize];
-        let hash = entry.hash;
-        if let Some(key) = entry.key.take() {
+        let record = std::mem::replace(&mut self.records[id as usize], FREE_RECORD);
+        if let Some(key) = record.key {
             self.key_bytes -= key.heap_bytes();
         }
-        if let Ok(found) = self.index.find_entry(hash, |e| e.id == id) {
+        if let Ok(found) = self
+            .index
+            .find_entry(self.hashes[id as usize], |&e| e == id)
+        {
             found.remove();
         }
         self.free.push(id);
     }
 
     pub(crate) fn key(&self, id: u32) -> &str {
-        self.ids[id as usize]
+        self.records[id as usize]
             .key
             .as_ref()
             .map_or("", KeyText::as_str)
     }
 
     pub(crate) fn scope(&self, id: u32) -> u32 {
-        self.ids[id as usize].scope
+        self.records[id as usize].scope
     }
 
     /// Number of ids handed out, live or free: the size a dense per-id vector needs.
     pub(crate) fn id_space(&self) -> usize {
-        self.ids.len()
+        self.records.len()
     }
 
     pub(crate) fn live(&self) -> usize {
-        self.ids.len() - self.free.len()
+        self.records.len() - self.free.len()
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.ids.capacity() * std::mem::size_of::<IdEntry>()
-            + self.index.capacity() * (std::mem::size_of::<Indexed>() + 1)
-            + self.newest.capacity() * std::mem::size_of::<NewestSlot>()
+        self.records.capacity() * std::mem::size_of::<KeyRecord>()
+            + self.hashes.capacity() * 8
+            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+            + self.more_newest.capacity() * std::mem::size_of::<NewestSlot>()
             + self.free.capacity() * 4
             + self.key_bytes
     }
