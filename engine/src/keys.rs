@@ -12,7 +12,7 @@ use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::bytes::same_bytes;
+use crate::bytes::{prefetch, same_bytes};
 
 /// Stable 64-bit hash of a key within its scope. It is persisted inside sketches, so it must
 /// not change between versions: xxh3 is a specified, seedable hash.
@@ -259,6 +259,20 @@ impl KeyTable {
                 })
             })
             .copied()
+    }
+
+    /// Starts loading the record of the key with this hash (and of any other key whose index
+    /// tag matches), so that a [`KeyTable::find`] soon after does not wait for memory.
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        let records = &self.records;
+        let found = self.index.find(hash, |&id| {
+            if let Some(record) = records.get(id as usize) {
+                prefetch(record);
+            }
+            false
+        });
+        debug_assert!(found.is_none());
     }
 
     /// Creates an id, with no references, for a key that [`KeyTable::find`] did not find.

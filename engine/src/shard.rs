@@ -92,6 +92,17 @@ impl ShardCounter {
         self.add_owned(scope, key, time_ms, cost, || true);
     }
 
+    /// Starts loading what counting this key will read (in exact mode, the key's record), so
+    /// that the caller can overlap the cache miss with other work, such as counting the
+    /// previous event. Changes nothing.
+    #[inline]
+    pub fn prefetch(&self, scope: &str, key: &str) {
+        if let (State::Exact { keys, .. }, Some(scope_id)) = (&self.state, self.scopes.find(scope))
+        {
+            keys.prefetch(key_hash(self.scopes.seed(scope_id), key));
+        }
+    }
+
     /// Counts one event in every window if this shard owns its key; returns whether it did.
     /// `owns` (the partitioner) is asked only about a scope or key the shard does not hold:
     /// everything held came in owned, under the same metric and shard count (both part of the

@@ -109,6 +109,13 @@ impl ShardStream {
         by_events.max(self.watermark_floor)
     }
 
+    /// See [`ShardCounter::prefetch`]: a worker calls it for the next event of a batch before
+    /// it counts the current one.
+    #[inline]
+    pub fn prefetch(&self, event: &Event<'_>) {
+        self.counter.prefetch(&event.scope, &event.key);
+    }
+
     /// Validates and counts one event; summaries of windows whose boundary the watermark
     /// passed go to `out`. A rejection is returned and nothing is counted; that includes an event
     /// whose key belongs to another shard.
