@@ -5,7 +5,8 @@
 //! small events that is about a third of a microsecond per message, nearly half of all the
 //! CPU a bare consumer spends. librdkafka's `rd_kafka_consume_batch_queue` (what
 //! confluent-kafka-python's `Consumer.consume(n)` calls) returns up to `n` messages per call;
-//! the crate does not wrap it, so this module does, and is the project's only `unsafe` code.
+//! the crate does not wrap it, so this module does, and holds most of the project's `unsafe`
+//! code.
 //!
 //! The batch call also serves the other operations on the consumer queue. The crate routes
 //! librdkafka's logs through that queue (its main queue is forwarded there) and sets no log
