@@ -191,8 +191,8 @@ struct KeyRecord {
     scope: u32,
     /// Buckets and window totals holding the key; it is freed when none does.
     refs: u32,
-    /// `None` while the id is free.
-    key: Option<KeyText>,
+    /// Empty while the id is free (a free id is in no index, so no lookup compares it).
+    key: KeyText,
     newest: [NewestSlot; RECORD_WINDOWS],
 }
 
@@ -201,7 +201,10 @@ const _: () = assert!(std::mem::size_of::<KeyRecord>() == 64);
 const FREE_RECORD: KeyRecord = KeyRecord {
     scope: 0,
     refs: 0,
-    key: None,
+    key: KeyText::Inline {
+        len: 0,
+        bytes: [0; INLINE_KEY],
+    },
     newest: [NO_SLOT; RECORD_WINDOWS],
 };
 
@@ -252,10 +255,7 @@ impl KeyTable {
         self.index
             .find(hash, |&id| {
                 records.get(id as usize).is_some_and(|r| {
-                    r.scope == scope
-                        && r.key
-                            .as_ref()
-                            .is_some_and(|k| same_bytes(k.as_bytes(), key.as_bytes()))
+                    r.scope == scope && same_bytes(r.key.as_bytes(), key.as_bytes())
                 })
             })
             .copied()
@@ -282,7 +282,7 @@ impl KeyTable {
         let record = KeyRecord {
             scope,
             refs: 0,
-            key: Some(key),
+            key,
             newest: [NO_SLOT; RECORD_WINDOWS],
         };
         let more = self.more_windows();
@@ -349,9 +349,7 @@ impl KeyTable {
 
     fn free(&mut self, id: u32) {
         let record = std::mem::replace(&mut self.records[id as usize], FREE_RECORD);
-        if let Some(key) = record.key {
-            self.key_bytes -= key.heap_bytes();
-        }
+        self.key_bytes -= record.key.heap_bytes();
         if let Ok(found) = self
             .index
             .find_entry(self.hashes[id as usize], |&e| e == id)
@@ -362,10 +360,7 @@ impl KeyTable {
     }
 
     pub(crate) fn key(&self, id: u32) -> &str {
-        self.records[id as usize]
-            .key
-            .as_ref()
-            .map_or("", KeyText::as_str)
+        self.records[id as usize].key.as_str()
     }
 
     pub(crate) fn scope(&self, id: u32) -> u32 {
