@@ -1,11 +1,16 @@
 //! Exact counts of one hour in bounded memory: counts build up in a map and are merged into a
-//! scratch RocksDB (an adding merge operator) whenever the map reaches its bound; `event_id`s
-//! seen are kept in the same store, so duplicates are dropped however large the hour.
+//! scratch RocksDB (an adding merge operator) whenever the map reaches its bound. `event_id`s
+//! seen build up in a set with the same bound and are then written to the same store, so
+//! duplicates are dropped however large the hour, and an id costs a store lookup only once
+//! some have been written there.
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use rocksdb::{DB, Direction, IteratorMode, MergeOperands, Options, WriteBatch, WriteOptions};
+use rocksdb::{
+    BlockBasedOptions, DB, Direction, IteratorMode, MergeOperands, Options, WriteBatch,
+    WriteOptions,
+};
+use rustc_hash::{FxHashMap, FxHashSet};
 use topk_api::record::ScopedCount;
 
 use crate::error::Error;
@@ -39,11 +44,24 @@ fn parse_count_key(key: &[u8]) -> Option<(String, String)> {
     Some((scope.to_owned(), name.to_owned()))
 }
 
+fn seen_key(event_id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + event_id.len());
+    key.push(SEEN);
+    key.extend_from_slice(event_id.as_bytes());
+    key
+}
+
 pub struct HourCounter {
     db: DB,
-    in_memory: HashMap<(String, String), u64>,
+    /// Counts by scope, then key: a known key is found by `&str`, without building a key.
+    in_memory: FxHashMap<Box<str>, FxHashMap<Box<str>, u64>>,
+    keys_in_memory: usize,
+    /// `event_id`s seen since they were last written to the store.
+    seen: FxHashSet<Box<str>>,
+    /// Whether the store holds ids (so a new id must be looked up there too).
+    seen_in_store: bool,
     max_in_memory: usize,
-    /// Times the map was merged into the store.
+    /// Times the counts were merged into the store.
     spills: u64,
 }
 
@@ -56,9 +74,19 @@ impl HourCounter {
         let mut options = Options::default();
         options.create_if_missing(true);
         options.set_merge_operator_associative("add", add_counts);
+        // Most ids looked up in the store are new: Bloom filters, on the files and on the
+        // memtable (where the newest ids are), answer those without a search.
+        let mut table = BlockBasedOptions::default();
+        table.set_bloom_filter(10.0, false);
+        options.set_block_based_table_factory(&table);
+        options.set_memtable_whole_key_filtering(true);
+        options.set_memtable_prefix_bloom_ratio(0.1);
         Ok(Self {
             db: DB::open(&options, dir)?,
-            in_memory: HashMap::new(),
+            in_memory: FxHashMap::default(),
+            keys_in_memory: 0,
+            seen: FxHashSet::default(),
+            seen_in_store: false,
             max_in_memory: max_in_memory.max(1),
             spills: 0,
         })
@@ -73,36 +101,61 @@ impl HourCounter {
 
     /// Whether `event_id` is new to this hour (and remembers it).
     pub fn first_time(&mut self, event_id: &str) -> Result<bool, Error> {
-        let mut key = Vec::with_capacity(1 + event_id.len());
-        key.push(SEEN);
-        key.extend_from_slice(event_id.as_bytes());
-        if self.db.get_pinned(&key)?.is_some() {
+        if self.seen.contains(event_id) {
             return Ok(false);
         }
-        self.db.put_opt(&key, [], &Self::scratch())?;
+        if self.seen_in_store && self.db.get_pinned(seen_key(event_id))?.is_some() {
+            return Ok(false);
+        }
+        if self.seen.len() >= self.max_in_memory {
+            // In order: the store's memtable inserts a sorted run much faster.
+            let mut ids: Vec<Box<str>> = self.seen.drain().collect();
+            ids.sort_unstable();
+            let mut batch = WriteBatch::default();
+            for id in ids {
+                batch.put(seen_key(&id), []);
+            }
+            self.db.write_opt(batch, &Self::scratch())?;
+            self.seen_in_store = true;
+        }
+        self.seen.insert(event_id.into());
         Ok(true)
     }
 
     pub fn add(&mut self, scope: &str, key: &str, cost: u64) -> Result<(), Error> {
-        match self.in_memory.get_mut(&(scope.to_owned(), key.to_owned())) {
-            Some(count) => *count += cost,
+        if let Some(count) = self
+            .in_memory
+            .get_mut(scope)
+            .and_then(|keys| keys.get_mut(key))
+        {
+            *count += cost;
+            return Ok(());
+        }
+        if self.keys_in_memory >= self.max_in_memory {
+            self.spill()?;
+        }
+        match self.in_memory.get_mut(scope) {
+            Some(keys) => {
+                keys.insert(key.into(), cost);
+            }
             None => {
-                if self.in_memory.len() >= self.max_in_memory {
-                    self.spill()?;
-                }
-                self.in_memory
-                    .insert((scope.to_owned(), key.to_owned()), cost);
+                let keys = FxHashMap::from_iter([(key.into(), cost)]);
+                self.in_memory.insert(scope.into(), keys);
             }
         }
+        self.keys_in_memory += 1;
         Ok(())
     }
 
     fn spill(&mut self) -> Result<(), Error> {
         let mut batch = WriteBatch::default();
-        for ((scope, key), count) in self.in_memory.drain() {
-            batch.merge(count_key(&scope, &key), count.to_le_bytes());
+        for (scope, keys) in self.in_memory.drain() {
+            for (key, count) in keys {
+                batch.merge(count_key(&scope, &key), count.to_le_bytes());
+            }
         }
         self.db.write_opt(batch, &Self::scratch())?;
+        self.keys_in_memory = 0;
         self.spills += 1;
         Ok(())
     }
@@ -155,8 +208,17 @@ mod tests {
             *want.entry((scope, key)).or_default() += i;
         }
         assert!(counter.spills() > 10);
-        assert!(counter.first_time("e1").unwrap());
-        assert!(!counter.first_time("e1").unwrap());
+        // Ids past the bound go to the store and are still recognised there.
+        for round in 0..2 {
+            for i in 0..10 {
+                let id = format!("e{i}");
+                assert_eq!(
+                    counter.first_time(&id).unwrap(),
+                    round == 0,
+                    "{id}, round {round}"
+                );
+            }
+        }
         let mut got = std::collections::BTreeMap::new();
         counter
             .drain(|c| {

@@ -13,14 +13,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use topk_api::TopKMetricSpec;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
 use topk_api::topics::TopicNames;
-use topk_engine::event::{RejectReason, format_rfc3339_ms, parse_event_bytes};
+use topk_engine::event::{Event, EventParser, RejectReason, format_rfc3339_ms};
+use topk_worker::input::InputConsumer;
 use topk_worker::output::{DeliveryCounter, send};
 
 pub use counter::HourCounter;
@@ -30,6 +30,8 @@ const HOUR_MS: i64 = 3_600_000;
 /// Chunks stay well under Kafka's default 1 MB message limit.
 const CHUNK_BYTES: usize = 512 * 1024;
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most messages taken from the consumer per read.
+const BATCH: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct RecountSettings {
@@ -127,12 +129,18 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     let hour_end = settings.hour_start_ms + HOUR_MS;
     let mut kafka = ClientConfig::new();
     kafka.set("bootstrap.servers", &settings.bootstrap);
-    let consumer: BaseConsumer = kafka
-        .clone()
-        .set("group.id", format!("topk-{}-recount", settings.metric))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()?;
+    let input = InputConsumer::new(
+        kafka
+            .clone()
+            .set("group.id", format!("topk-{}-recount", settings.metric))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            // With a full local queue librdkafka pauses fetching for this long (1 s by
+            // default); a recount counts faster than that and would sit idle.
+            .set("fetch.queue.backoff.ms", "10")
+            .create()?,
+    )?;
+    let consumer = input.consumer();
     let metadata = consumer.fetch_metadata(Some(&settings.input_topic), KAFKA_TIMEOUT)?;
     let partitions: Vec<i32> = metadata
         .topics()
@@ -144,7 +152,7 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
         return Err(Error::NoPartitions(settings.input_topic.clone()));
     }
     let ranges = offset_range(
-        &consumer,
+        consumer,
         &settings.input_topic,
         &partitions,
         settings.hour_start_ms - settings.early_ms,
@@ -173,37 +181,41 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
         // All partitions are fetched at once by the client; counting is one loop.
         consumer.assign(&tpl)?;
         let mut open: BTreeMap<i32, i64> = ranges.iter().map(|(p, (_, end))| (*p, *end)).collect();
+        // One parser per partition: each partition's events most likely share a layout.
+        let mut parsers: BTreeMap<i32, EventParser> = BTreeMap::new();
+        let mut batch = Vec::with_capacity(BATCH);
         while !open.is_empty() {
-            let Some(result) = consumer.poll(Duration::from_millis(500)) else {
-                continue;
-            };
-            let msg = match result {
-                Ok(msg) => msg,
-                Err(err) => {
+            input.read(Duration::from_millis(500), BATCH, &mut batch);
+            input.drain_logs();
+            for msg in batch.drain(..) {
+                if let Some(err) = msg.error() {
                     tracing::warn!(%err, "consumer error; continuing");
                     continue;
                 }
-            };
-            let Some(end) = open.get(&msg.partition()).copied() else {
-                continue;
-            };
-            if msg.offset() + 1 >= end {
-                open.remove(&msg.partition());
-                let mut done = TopicPartitionList::new();
-                done.add_partition(&settings.input_topic, msg.partition());
-                consumer.pause(&done)?;
+                let Some(end) = open.get(&msg.partition()).copied() else {
+                    continue;
+                };
+                if msg.offset() + 1 >= end {
+                    open.remove(&msg.partition());
+                    let mut done = TopicPartitionList::new();
+                    done.add_partition(&settings.input_topic, msg.partition());
+                    consumer.pause(&done)?;
+                }
+                if msg.offset() >= end {
+                    continue;
+                }
+                manifest.events_read += 1;
+                let parser = parsers
+                    .entry(msg.partition())
+                    .or_insert_with(|| EventParser::new(settings.max_key_bytes));
+                count_one(
+                    settings,
+                    &mut counter,
+                    &mut manifest,
+                    parser.parse(msg.payload()),
+                    hour_end,
+                )?;
             }
-            if msg.offset() >= end {
-                continue;
-            }
-            manifest.events_read += 1;
-            count_one(
-                settings,
-                &mut counter,
-                &mut manifest,
-                msg.payload().unwrap_or_default(),
-                hour_end,
-            )?;
         }
     }
     let output = producer(settings)?;
@@ -218,7 +230,7 @@ fn count_one(
     settings: &RecountSettings,
     counter: &mut HourCounter,
     manifest: &mut ExactHourManifest,
-    payload: &[u8],
+    parsed: Result<Event<'_>, RejectReason>,
     hour_end: i64,
 ) -> Result<(), Error> {
     let reject = |manifest: &mut ExactHourManifest, reason: RejectReason| {
@@ -227,7 +239,7 @@ fn count_one(
             .entry(reason.as_str().to_owned())
             .or_default() += 1;
     };
-    let event = match parse_event_bytes(payload, settings.max_key_bytes) {
+    let event = match parsed {
         Ok(event) => event,
         Err(reason) => {
             reject(manifest, reason);

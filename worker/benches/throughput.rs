@@ -10,23 +10,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
-use rdkafka::consumer::Consumer;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::{AssignmentTable, ShardOwner};
-use topk_engine::partition::message_key;
-use topk_testenv::{TestEnv, metric_manifest, reading_consumer, unique_name};
-use topk_worker::input::InputConsumer;
+use topk_testenv::{TestEnv, metric_manifest, unique_name};
 use topk_worker::{Health, Worker};
 
 // The same allocator as the `topk` binary, so that the numbers are the deployed worker's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[path = "../../engine/benches/support/mod.rs"]
-mod support;
+mod kafka_bench;
+
+use kafka_bench::{
+    Reads, ThreadTimes, bare_consumer, count_from_env, now_ms, process_cpu, produce,
+};
 
 const SHARDS: u32 = 4;
 
@@ -34,49 +31,21 @@ fn main() {
     let Some(env) = TestEnv::get("worker throughput benchmark") else {
         return;
     };
-    let events: u64 = std::env::var("WORKER_BENCH_EVENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3_000_000);
+    let events = count_from_env("WORKER_BENCH_EVENTS", 3_000_000);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let name = unique_name("bench");
     let input = unique_name("bench-input");
     runtime.block_on(env.create_metric_topics("bench", &name, &input, SHARDS));
 
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .create()
-        .expect("producer");
-    let start_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let mut bytes = 0usize;
-    support::events(events, start_ms, |scope, key, payload| {
-        bytes += payload.len();
-        let mkey = message_key("bench", scope, key);
-        let mut record = BaseRecord::to(&input).key(&mkey).payload(&payload);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-            }
-        }
-    });
-    producer.flush(Duration::from_secs(120)).expect("flush");
+    let start_ms = now_ms();
+    let bytes = produce(&env, &input, events, start_ms, false);
     println!(
         "{events} events, {} bytes on average, {SHARDS} partitions",
         bytes / events as usize
     );
 
-    let (polled, polled_cpu) = bare_consumer(&env, &input, events, Reads::Poll);
-    let (bare, bare_cpu) = bare_consumer(&env, &input, events, Reads::Batch);
+    let (polled, polled_cpu) = bare_consumer(&env, &input, SHARDS as i32, events, Reads::Poll);
+    let (bare, bare_cpu) = bare_consumer(&env, &input, SHARDS as i32, events, Reads::Batch);
     let run = worker(&env, &name, &input, events);
     runtime.block_on(env.delete_metric_topics("bench", &name, &input, SHARDS));
     let per_sec = |secs: f64| events as f64 / secs;
@@ -129,70 +98,6 @@ fn main() {
         run.checkpoint.as_secs_f64() * 1000.0,
         run.checkpoints_while_counting
     );
-}
-
-/// How a bare consumer reads.
-#[derive(Clone, Copy)]
-enum Reads {
-    /// The rdkafka crate's `poll`, one message per call.
-    Poll,
-    /// librdkafka's batch call, as the worker reads.
-    Batch,
-}
-
-/// Reads every event of `topic` from the beginning, touching each payload. Returns the time
-/// taken and every thread's CPU time meanwhile (Linux only).
-fn bare_consumer(
-    env: &TestEnv,
-    topic: &str,
-    events: u64,
-    reads: Reads,
-) -> (Duration, Option<Duration>) {
-    let consumer = reading_consumer(&env.kafka_config(), "bare");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..SHARDS as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .expect("offset");
-    }
-    consumer.assign(&tpl).expect("assign");
-    let input = InputConsumer::new(consumer).expect("input consumer");
-    // Timed from the first message, as the worker is: connecting and the first fetch are
-    // start-up, and would weigh on the reference's rate alone.
-    let mut started = None;
-    let mut seen = 0u64;
-    let mut checksum = 0usize;
-    let mut batch = Vec::new();
-    while seen < events {
-        let before = seen;
-        match reads {
-            Reads::Poll => {
-                if let Some(Ok(msg)) = input.consumer().poll(Duration::from_millis(100)) {
-                    checksum = checksum.wrapping_add(msg.payload().map_or(0, <[u8]>::len));
-                    seen += 1;
-                }
-            }
-            Reads::Batch => {
-                input.read(Duration::from_millis(100), 64, &mut batch);
-                for msg in batch.drain(..) {
-                    if msg.error().is_none() {
-                        checksum = checksum.wrapping_add(msg.payload().len());
-                        seen += 1;
-                    }
-                }
-            }
-        }
-        if started.is_none() && seen > before {
-            started = Some((Instant::now(), process_cpu()));
-        }
-    }
-    std::hint::black_box(checksum);
-    let Some((started, cpu_before)) = started else {
-        return (Duration::ZERO, None);
-    };
-    let cpu = process_cpu()
-        .zip(cpu_before)
-        .map(|(after, before)| after.saturating_sub(before));
-    (started.elapsed(), cpu)
 }
 
 /// What one worker run measured.
@@ -298,36 +203,4 @@ fn checkpoints_taken(health: &Health) -> u64 {
         .find_map(|line| line.strip_prefix("topk_worker_checkpoint_duration_seconds_count "))
         .and_then(|count| count.trim().parse().ok())
         .unwrap_or(0)
-}
-
-/// CPU time of every thread of this process so far, from `/proc/self/task/*/schedstat`.
-fn process_cpu() -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        total += ThreadTimes::at(&task.ok()?.path().join("schedstat"))?.on_cpu;
-    }
-    Some(total)
-}
-
-/// A thread's time on a CPU and waiting for one, from its `schedstat`.
-#[derive(Debug)]
-struct ThreadTimes {
-    on_cpu: Duration,
-    runnable_waiting: Duration,
-}
-
-impl ThreadTimes {
-    /// The calling thread's.
-    fn read() -> Option<ThreadTimes> {
-        Self::at(std::path::Path::new("/proc/thread-self/schedstat"))
-    }
-
-    fn at(schedstat: &std::path::Path) -> Option<ThreadTimes> {
-        let text = std::fs::read_to_string(schedstat).ok()?;
-        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
-        Some(ThreadTimes {
-            on_cpu: Duration::from_nanos(fields.next()??),
-            runnable_waiting: Duration::from_nanos(fields.next()??),
-        })
-    }
 }

@@ -4,6 +4,9 @@
 /// Keys per scope.
 pub const KEYS: u64 = 10_000;
 
+/// Events per millisecond of event time.
+pub const EVENTS_PER_MS: u64 = 1000;
+
 /// Calls `f(scope, key, payload)` for `events` small JSON events (~70 bytes) over [`KEYS`]
 /// keys in 3 scopes, one millisecond of event time per thousand events from `start_ms`.
 pub fn events(events: u64, start_ms: i64, mut f: impl FnMut(&str, &str, String)) {
@@ -16,7 +19,7 @@ pub fn events(events: u64, start_ms: i64, mut f: impl FnMut(&str, &str, String))
         let scope = ["eu", "us", "ap"][(i % 3) as usize];
         let payload = format!(
             r#"{{"event_time":{},"metric":"bench","scope":"{scope}","key":"{key}"}}"#,
-            start_ms + (i / 1000) as i64
+            start_ms + (i / EVENTS_PER_MS) as i64
         );
         f(scope, &key, payload);
     }

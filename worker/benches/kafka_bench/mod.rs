@@ -1,0 +1,171 @@
+//! The Kafka side of the benchmarks that compare a topk reader with a bare consumer of the
+//! same topic (`worker/benches/throughput.rs` and, through a `#[path]` module,
+//! `recount/benches/recount.rs`): the input, the bare readers and CPU clocks.
+
+// Each benchmark uses a part of this module; the other part is live in the other one.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use topk_engine::partition::message_key;
+use topk_testenv::{TestEnv, reading_consumer};
+use topk_worker::input::InputConsumer;
+
+#[path = "../../../engine/benches/support/mod.rs"]
+mod support;
+
+/// A count from the environment variable `var`, or `default`.
+pub fn count_from_env(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The wall clock in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+/// Produces the benchmarks' `events` small JSON events (metric `bench`) to `topic`, each
+/// message stamped with its event time from `start_ms` on and, if `with_ids`, each event with
+/// an `event_id`. Returns the payloads' total bytes.
+pub fn produce(env: &TestEnv, topic: &str, events: u64, start_ms: i64, with_ids: bool) -> usize {
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .create()
+        .expect("producer");
+    let (mut seq, mut bytes) = (0u64, 0usize);
+    support::events(events, start_ms, |scope, key, payload| {
+        let time_ms = start_ms + (seq / support::EVENTS_PER_MS) as i64;
+        let payload = if with_ids {
+            payload.replacen('{', &format!(r#"{{"event_id":"e{seq}","#), 1)
+        } else {
+            payload
+        };
+        seq += 1;
+        bytes += payload.len();
+        let mkey = message_key("bench", scope, key);
+        let mut record = BaseRecord::to(topic)
+            .key(&mkey)
+            .payload(&payload)
+            .timestamp(time_ms);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    });
+    producer.flush(Duration::from_secs(120)).expect("flush");
+    bytes
+}
+
+/// How a bare consumer reads.
+#[derive(Clone, Copy)]
+pub enum Reads {
+    /// The rdkafka crate's `poll`, one message per call.
+    Poll,
+    /// librdkafka's batch call, as the worker reads.
+    Batch,
+}
+
+/// Reads `events` events of `topic`'s `partitions` from the beginning, touching each payload. Returns the time
+/// taken and every thread's CPU time meanwhile (Linux only).
+pub fn bare_consumer(
+    env: &TestEnv,
+    topic: &str,
+    partitions: i32,
+    events: u64,
+    reads: Reads,
+) -> (Duration, Option<Duration>) {
+    let consumer = reading_consumer(&env.kafka_config(), "bare");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("offset");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let input = InputConsumer::new(consumer).expect("input consumer");
+    // Timed from the first message, as the worker is: connecting and the first fetch are
+    // start-up, and would weigh on the reference's rate alone.
+    let mut started = None;
+    let mut seen = 0u64;
+    let mut checksum = 0usize;
+    let mut batch = Vec::new();
+    while seen < events {
+        let before = seen;
+        match reads {
+            Reads::Poll => {
+                if let Some(Ok(msg)) = input.consumer().poll(Duration::from_millis(100)) {
+                    checksum = checksum.wrapping_add(msg.payload().map_or(0, <[u8]>::len));
+                    seen += 1;
+                }
+            }
+            Reads::Batch => {
+                input.read(Duration::from_millis(100), 64, &mut batch);
+                for msg in batch.drain(..) {
+                    if msg.error().is_none() {
+                        checksum = checksum.wrapping_add(msg.payload().len());
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        if started.is_none() && seen > before {
+            started = Some((Instant::now(), process_cpu()));
+        }
+    }
+    std::hint::black_box(checksum);
+    let Some((started, cpu_before)) = started else {
+        return (Duration::ZERO, None);
+    };
+    let cpu = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    (started.elapsed(), cpu)
+}
+
+/// CPU time of every thread of this process so far, from `/proc/self/task/*/schedstat`.
+pub fn process_cpu() -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        total += ThreadTimes::at(&task.ok()?.path().join("schedstat"))?.on_cpu;
+    }
+    Some(total)
+}
+
+/// A thread's time on a CPU and waiting for one, from its `schedstat`.
+#[derive(Debug)]
+pub struct ThreadTimes {
+    pub on_cpu: Duration,
+    pub runnable_waiting: Duration,
+}
+
+impl ThreadTimes {
+    /// The calling thread's.
+    pub fn read() -> Option<ThreadTimes> {
+        Self::at(std::path::Path::new("/proc/thread-self/schedstat"))
+    }
+
+    fn at(schedstat: &std::path::Path) -> Option<ThreadTimes> {
+        let text = std::fs::read_to_string(schedstat).ok()?;
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        Some(ThreadTimes {
+            on_cpu: Duration::from_nanos(fields.next()??),
+            runnable_waiting: Duration::from_nanos(fields.next()??),
+        })
+    }
+}
