@@ -185,8 +185,14 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
         let mut parsers: BTreeMap<i32, EventParser> = BTreeMap::new();
         let mut batch = Vec::with_capacity(BATCH);
         while !open.is_empty() {
-            input.read(Duration::from_millis(500), BATCH, &mut batch);
+            let read = input.read(Duration::from_millis(500), BATCH, &mut batch);
             input.drain_logs();
+            if read == 0 {
+                // A partition can end in offsets that are never delivered as messages: the
+                // markers a transactional producer writes, aborted events. The consumer's
+                // position moves past them.
+                close_passed(consumer, &settings.input_topic, &mut open)?;
+            }
             for msg in batch.drain(..) {
                 if let Some(err) = msg.error() {
                     tracing::warn!(%err, "consumer error; continuing");
@@ -224,6 +230,27 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     manifest.duration_ms = started.elapsed().as_millis() as u64;
     send_manifest(settings, &output, &manifest)?;
     Ok(manifest)
+}
+
+/// Closes (and pauses) every open partition whose consumer position reached its end.
+fn close_passed(
+    consumer: &BaseConsumer,
+    topic: &str,
+    open: &mut BTreeMap<i32, i64>,
+) -> Result<(), Error> {
+    let mut done = TopicPartitionList::new();
+    for e in consumer.position()?.elements() {
+        if let (Offset::Offset(at), Some(end)) = (e.offset(), open.get(&e.partition()))
+            && at >= *end
+        {
+            open.remove(&e.partition());
+            done.add_partition(topic, e.partition());
+        }
+    }
+    if done.count() > 0 {
+        consumer.pause(&done)?;
+    }
+    Ok(())
 }
 
 fn count_one(

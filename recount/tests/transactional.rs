@@ -1,0 +1,98 @@
+//! A recount of an hour written by a transactional producer (as Kafka Streams or Flink write
+//! with exactly-once on): each partition's last offset is a transaction marker, which a
+//! consumer never receives as a message, and aborted events sit in the range unread. The
+//! recount must still reach the end of every partition, counting the committed events only.
+
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use topk_api::topics::TopicNames;
+use topk_engine::partition::message_key;
+use topk_recount::RecountSettings;
+use topk_testenv::{TestEnv, unique_name};
+
+const HOUR_MS: i64 = 3_600_000;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+#[test]
+fn a_transactional_hour_is_recounted_to_its_end() {
+    let Some(env) = TestEnv::get("recount of a transactional input") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (ns, name, input) = ("recount-tx", unique_name("tx"), unique_name("tx-input"));
+    runtime.block_on(env.create_metric_topics(ns, &name, &input, 2));
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let hour_start_ms = (now_ms.div_euclid(HOUR_MS) - 1) * HOUR_MS;
+
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("transactional.id", unique_name("tx"))
+        .create()
+        .expect("transactional producer");
+    producer
+        .init_transactions(TIMEOUT)
+        .expect("init transactions");
+    let mut committed = 0u64;
+    // Committed, aborted, committed: the last commit's markers end both partitions.
+    for (round, commit) in [(0i64, true), (1, false), (2, true)] {
+        producer.begin_transaction().expect("begin");
+        for i in 0..20i64 {
+            let time_ms = hour_start_ms + round * 1_000 + i;
+            let key = format!("k{i}");
+            let payload =
+                format!(r#"{{"event_time":{time_ms},"metric":"tx","scope":"","key":"{key}"}}"#);
+            producer
+                .send(
+                    BaseRecord::to(&input)
+                        .key(&message_key("tx", "", &key))
+                        .payload(&payload)
+                        .timestamp(time_ms),
+                )
+                .map_err(|(err, _)| err)
+                .expect("enqueue");
+        }
+        if commit {
+            producer.commit_transaction(TIMEOUT).expect("commit");
+            committed += 20;
+        } else {
+            producer.abort_transaction(TIMEOUT).expect("abort");
+        }
+    }
+
+    let spill = tempfile::tempdir().expect("tempdir");
+    let settings = RecountSettings {
+        metric: "tx".into(),
+        max_key_bytes: 256,
+        config_version: "test".into(),
+        bootstrap: env.kafka_bootstrap.clone(),
+        input_topic: input.clone(),
+        topics: TopicNames::of(ns, &name),
+        hour_start_ms,
+        // Transaction markers are stamped when written (now, after the hour): a grace reaching
+        // past now makes each range end at its partition's end, a marker.
+        grace_ms: 2 * HOUR_MS,
+        early_ms: 0,
+        spill_dir: spill.path().join("recount"),
+        max_in_memory: 1_000,
+    };
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        // The receiver is gone only if the wait below timed out and failed the test.
+        let _ = done.send(topk_recount::recount(&settings));
+    });
+    let manifest = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the recount reached the end of every partition within a minute")
+        .expect("recount");
+    assert_eq!(
+        manifest.counted, committed,
+        "committed events only: {manifest:?}"
+    );
+    assert_eq!(manifest.keys, 20);
+    runtime.block_on(env.delete_metric_topics(ns, &name, &input, 2));
+}
