@@ -1,8 +1,9 @@
 //! The worker against the real Kafka broker (and kube-apiserver) of the test environment:
 //! killed with SIGKILL at random points while the input grows, it still counts every event
 //! exactly once; bad input goes to the dead-letter topic with its reason; a re-sent summary is
-//! always identical to the first; and a shard moved between two workers through the
-//! assignment ConfigMap keeps exact counts while its old owner stops publishing it.
+//! always identical to the first; a shard moved between two workers through the assignment
+//! ConfigMap keeps exact counts while its old owner stops publishing it; and a transactional
+//! input's markers are not reported as lag.
 
 mod common;
 
@@ -605,6 +606,64 @@ async fn approximate_state_stays_flat_under_a_flood_of_unique_keys() {
     assert!(
         large <= small * 1.25,
         "state grew from {small} to {large} bytes with 11x the unique keys"
+    );
+}
+
+/// The value of a metric's series for one shard in a Prometheus text page.
+fn shard_metric(page: &str, name: &str, shard: u32) -> Option<f64> {
+    metric(page, &format!("{name}{{shard=\"{shard}\"}}"))
+}
+
+#[tokio::test]
+async fn consumer_lag_reaches_zero_on_a_transactional_input() {
+    let Some(env) = TestEnv::get("worker lag on a transactional input") else {
+        return;
+    };
+    let ns = "test";
+    let fixture = Fixture::new(&env, ns).await;
+    let worker = fixture.serve_all_shards(ns, &[]);
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("transactional.id", unique_name("tx"))
+        .create()
+        .expect("transactional producer");
+    let timeout = Duration::from_secs(30);
+    producer
+        .init_transactions(timeout)
+        .expect("init transactions");
+    producer.begin_transaction().expect("begin");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let events = 100u64;
+    for i in 0..events {
+        let key = format!("k{i}");
+        let payload =
+            serde_json::json!({"event_time": now, "metric": "plays", "key": key}).to_string();
+        producer
+            .send(
+                BaseRecord::to(&fixture.input)
+                    .key(&message_key("plays", "", &key))
+                    .payload(&payload),
+            )
+            .map_err(|(err, _)| err)
+            .expect("enqueue");
+    }
+    // Each partition now ends in a commit marker, an offset no consumer receives.
+    producer.commit_transaction(timeout).expect("commit");
+    let page = || common::get(&format!("{}/metrics", worker.base)).1;
+    common::await_some(
+        "every event counted and no lag on either shard",
+        WAIT,
+        || {
+            let page = page();
+            let counted = metric(&page, "topk_worker_events_total")? as u64 >= events;
+            let lags: Option<Vec<f64>> = (0..SHARDS)
+                .map(|shard| shard_metric(&page, "topk_worker_consumer_lag", shard))
+                .collect();
+            (counted && lags?.iter().all(|lag| *lag == 0.0)).then_some(())
+        },
     );
 }
 

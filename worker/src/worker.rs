@@ -520,18 +520,38 @@ impl Worker {
 
     /// Consumer lag per shard: a broker round trip per shard, so not on every checkpoint.
     fn measure_lag(&mut self) {
+        // Past the last message counted, a partition may hold offsets never delivered as
+        // messages (a transactional producer's markers, aborted events): the consumer's
+        // position has moved past those, so they are no lag.
+        let positions: BTreeMap<i32, i64> = self
+            .input
+            .consumer()
+            .position()
+            .map(|list| {
+                list.elements()
+                    .iter()
+                    .filter_map(|e| match e.offset() {
+                        Offset::Offset(at) => Some((e.partition(), at)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         for (shard, owned) in &self.owned {
             if let Ok((_, high)) = self.input.consumer().fetch_watermarks(
                 &self.sink.settings.input_topic,
                 *shard as i32,
                 Duration::from_secs(1),
             ) {
+                let read_to = positions
+                    .get(&(*shard as i32))
+                    .map_or(owned.next_offset, |at| owned.next_offset.max(*at));
                 self.sink
                     .health
                     .metrics
                     .consumer_lag
                     .get_or_create(&ShardLabel { shard: *shard })
-                    .set((high - owned.next_offset).max(0));
+                    .set((high - read_to).max(0));
             }
         }
         self.last_lag_check = Instant::now();
