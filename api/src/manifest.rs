@@ -156,6 +156,13 @@ pub struct RecountSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub min_recall: Option<f64>,
+    /// Distinct (scope, key) pairs, and as many `event_id`s, a recount Job holds in memory
+    /// before it writes them to its scratch volume (default 1000000; about 45 bytes a short
+    /// key and 80 a short id). Larger is faster for hours with more distinct ids than that, and
+    /// takes that much more memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1000))]
+    pub max_in_memory: Option<u32>,
 }
 
 /// The recount settings with defaults applied (see [`TopKMetricSpec::recount_settings`]).
@@ -165,11 +172,13 @@ pub struct RecountSettings {
     pub grace_ms: i64,
     pub backfill_ms: i64,
     pub max_concurrent: u32,
+    pub max_in_memory: usize,
 }
 
 const DEFAULT_RECOUNT_GRACE: Duration = Duration::from_millis(300_000);
 const DEFAULT_RECOUNT_BACKFILL: Duration = Duration::from_millis(24 * 3_600_000);
 const DEFAULT_RECOUNT_CONCURRENCY: u32 = 2;
+const DEFAULT_RECOUNT_IN_MEMORY: u32 = 1_000_000;
 const DEFAULT_MIN_RECALL: f64 = 0.9;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -511,6 +520,9 @@ impl TopKMetricSpec {
             max_concurrent: spec
                 .and_then(|r| r.max_concurrent)
                 .unwrap_or(DEFAULT_RECOUNT_CONCURRENCY),
+            max_in_memory: spec
+                .and_then(|r| r.max_in_memory)
+                .unwrap_or(DEFAULT_RECOUNT_IN_MEMORY) as usize,
         }
     }
 
@@ -590,6 +602,12 @@ impl TopKMetricSpec {
         if !(0.0..=1.0).contains(&min_recall) {
             problems.push(format!(
                 "spec.recount.minRecall must be between 0 and 1, got {min_recall}"
+            ));
+        }
+        if recount.max_in_memory < 1_000 {
+            problems.push(format!(
+                "spec.recount.maxInMemory must be at least 1000, got {}",
+                recount.max_in_memory
             ));
         }
         if recount.backfill_ms < 3_600_000 {
@@ -777,6 +795,7 @@ spec:
         let defaults = metric.spec.recount_settings();
         assert!(defaults.enabled);
         assert_eq!(defaults.max_concurrent, 2);
+        assert_eq!(defaults.max_in_memory, 1_000_000);
         assert!(defaults.grace_ms >= 300_000);
         let mut spec = metric.spec.clone();
         spec.allowed_lateness = Some(Duration::from_millis(600_000));
@@ -787,7 +806,9 @@ spec:
             backfill: None,
             max_concurrent: None,
             min_recall: Some(1.5),
+            max_in_memory: Some(500),
         });
+        assert_eq!(spec.recount_settings().max_in_memory, 500);
         let err = spec.engine_config().unwrap_err().to_string();
         assert!(
             err.contains("spec.recount.grace (1m) must be at least allowedLateness (10m)"),
@@ -795,6 +816,10 @@ spec:
         );
         assert!(
             err.contains("spec.recount.minRecall must be between 0 and 1, got 1.5"),
+            "{err}"
+        );
+        assert!(
+            err.contains("spec.recount.maxInMemory must be at least 1000, got 500"),
             "{err}"
         );
     }

@@ -20,9 +20,10 @@ pub struct RecountArgs {
     /// Scratch space for counts and event ids beyond memory (emptied first).
     #[arg(long, default_value = "/var/lib/topk/recount")]
     pub spill_dir: PathBuf,
-    /// Distinct (scope, key) pairs held in memory before they spill to disk.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub max_in_memory: usize,
+    /// Distinct (scope, key) pairs, and as many event ids, held in memory before they spill to
+    /// disk; overrides the spec's `recount.maxInMemory` (default 1000000).
+    #[arg(long)]
+    pub max_in_memory: Option<usize>,
     /// Where the manifest also goes when that file's directory exists (Kubernetes shows it
     /// as the container's termination message).
     #[arg(long, default_value = "/dev/termination-log")]
@@ -48,7 +49,9 @@ pub async fn recount(args: RecountArgs) -> Result<(), CliError> {
         settings.bootstrap = bootstrap;
     }
     settings.spill_dir = args.spill_dir;
-    settings.max_in_memory = args.max_in_memory;
+    if let Some(max_in_memory) = args.max_in_memory {
+        settings.max_in_memory = max_in_memory;
+    }
     let manifest = tokio::task::spawn_blocking(move || topk_recount::recount(&settings))
         .await
         .map_err(|e| CliError::Usage(e.to_string()))??;

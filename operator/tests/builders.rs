@@ -134,6 +134,7 @@ fn only_pipeline_changes_roll_the_pods() {
         backfill: None,
         max_concurrent: Some(4),
         min_recall: Some(0.5),
+        max_in_memory: Some(10_000),
     });
     assert_eq!(
         hash_of(&base),

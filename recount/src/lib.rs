@@ -80,7 +80,7 @@ pub fn settings(
         grace_ms: spec.recount_settings().grace_ms,
         early_ms: engine.max_future_skew_ms,
         spill_dir: PathBuf::from("/var/lib/topk/recount"),
-        max_in_memory: 1_000_000,
+        max_in_memory: spec.recount_settings().max_in_memory,
     })
 }
 
