@@ -622,15 +622,8 @@ async fn consumer_lag_reaches_zero_on_a_transactional_input() {
     let ns = "test";
     let fixture = Fixture::new(&env, ns).await;
     let worker = fixture.serve_all_shards(ns, &[]);
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("transactional.id", unique_name("tx"))
-        .create()
-        .expect("transactional producer");
+    let producer: ThreadedProducer<DefaultProducerContext> = env.transactional_producer();
     let timeout = Duration::from_secs(30);
-    producer
-        .init_transactions(timeout)
-        .expect("init transactions");
     producer.begin_transaction().expect("begin");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

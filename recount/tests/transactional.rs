@@ -29,14 +29,7 @@ fn a_transactional_hour_is_recounted_to_its_end() {
         .as_millis() as i64;
     let hour_start_ms = (now_ms.div_euclid(HOUR_MS) - 1) * HOUR_MS;
 
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("transactional.id", unique_name("tx"))
-        .create()
-        .expect("transactional producer");
-    producer
-        .init_transactions(TIMEOUT)
-        .expect("init transactions");
+    let producer: ThreadedProducer<DefaultProducerContext> = env.transactional_producer();
     let mut committed = 0u64;
     // Committed, aborted, committed: the last commit's markers end both partitions.
     for (round, commit) in [(0i64, true), (1, false), (2, true)] {

@@ -130,6 +130,25 @@ impl TestEnv {
         config
     }
 
+    /// A transactional producer of any kind (with a unique `transactional.id`), its
+    /// transactions initialised; panics on failure, as a test setup step.
+    pub fn transactional_producer<C, Part, P>(&self) -> P
+    where
+        C: rdkafka::producer::ProducerContext<Part>,
+        Part: rdkafka::producer::Partitioner,
+        P: rdkafka::config::FromClientConfig + rdkafka::producer::Producer<C, Part>,
+    {
+        let producer: P = self
+            .kafka_config()
+            .set("transactional.id", unique_name("tx"))
+            .create()
+            .expect("transactional producer");
+        producer
+            .init_transactions(Duration::from_secs(30))
+            .expect("init transactions");
+        producer
+    }
+
     /// Creates topic `name` with `partitions` partitions and topic `config` (e.g.
     /// `cleanup.policy=compact`); panics on failure, as a test setup step.
     pub async fn create_topic(&self, name: &str, partitions: i32, config: &[(&str, &str)]) {

@@ -159,14 +159,7 @@ async fn read_committed_sees_only_committed_transactions() {
         return;
     };
     let topic = create_topic(&env, 1, &[]).await;
-    let producer: FutureProducer = env
-        .kafka_config()
-        .set("transactional.id", unique_name("tx"))
-        .create()
-        .expect("transactional producer");
-    producer
-        .init_transactions(TIMEOUT)
-        .expect("init transactions");
+    let producer: FutureProducer = env.transactional_producer();
 
     for (payload, commit) in [("aborted", false), ("committed", true), ("last", true)] {
         producer.begin_transaction().expect("begin");
