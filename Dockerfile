@@ -3,6 +3,9 @@
 # recount; the entrypoint). The operator hands its own image to the pods it creates, so both
 # always run the same build. Build with scripts/image.sh (reproducible tag), or:
 #   docker build -t ghcr.io/topk-io/topk:dev .
+# The test environment's node makes the same image without Docker (`scripts/testenv.sh node
+# image`): it reads this file's last stage for the paths, user, entrypoint, environment and
+# ports, and the e2e suite checks that the two agree.
 # The toolchain CI builds and tests with.
 ARG RUST_VERSION=1.95
 
@@ -27,5 +30,7 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/topk /out/topk-operator /usr/local/bin/
 COPY --from=build /out/lib/ /usr/local/lib/topk/
 ENV LD_LIBRARY_PATH=/usr/local/lib/topk
+# The data plane's HTTP port (query API, /metrics, probes) and the operator's metrics port.
+EXPOSE 8080 9090
 USER 65532:65532
 ENTRYPOINT ["topk"]

@@ -4,20 +4,41 @@
 # missing and we may; otherwise says what to install.
 set -euo pipefail
 
+# What clang-sys (bindgen's loader) opens: libclang.so, libclang-N.so, libclang.so.N or
+# libclang-N.so.N. Not libclang-cpp.so.N, the C++ library Debian preinstalls with LLVM, which
+# bindgen cannot use.
+libclang_name='libclang(-[0-9.]+)?\.so(\.[0-9.]+)?$'
+
+has_libclang_in() {
+  local dir="$1"
+  [[ -d "$dir" ]] || return 1
+  find "$dir" -maxdepth 1 \( -type f -o -type l \) -printf '%f\n' 2>/dev/null | grep -qE "^$libclang_name"
+}
+
 have_libclang() {
-  [[ -n "${LIBCLANG_PATH:-}" && -d "$LIBCLANG_PATH" ]] && return 0
-  ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so' && return 0
-  compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null
+  if [[ -n "${LIBCLANG_PATH:-}" ]]; then
+    if [[ -f "$LIBCLANG_PATH" ]]; then
+      basename "$LIBCLANG_PATH" | grep -qE "^$libclang_name" && return 0
+    fi
+    has_libclang_in "$LIBCLANG_PATH" && return 0
+  fi
+  ldconfig -p 2>/dev/null | awk '{print $1}' | grep -qE "^$libclang_name" && return 0
+  local dir
+  for dir in /usr/lib/llvm-*/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/lib; do
+    has_libclang_in "$dir" && return 0
+  done
+  return 1
 }
 
 if have_libclang; then
   exit 0
 fi
-echo "prereqs: libclang not found (RocksDB's bindings need it)"
+echo "prereqs: libclang not found (RocksDB's bindings need libclang.so; libclang-cpp is not it)"
 if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
   echo "prereqs: installing libclang-dev from Debian's packages"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libclang-dev >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libclang-dev >/dev/null; }
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q libclang-dev >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q libclang-dev >/dev/null; }
   have_libclang && exit 0
 fi
 echo "prereqs: install libclang (Debian/Ubuntu: apt-get install libclang-dev; macOS: brew install llvm) and retry" >&2

@@ -17,11 +17,13 @@ fi
 step() { printf '\n==> %s\n' "$*"; }
 
 # CI (and `TOPK_TESTENV=up`) provisions and starts the real services the tests talk to.
+testenv=""
 if [[ "${CI:-}" == "true" || "${TOPK_TESTENV:-}" == "up" ]]; then
+  testenv=up
   step "test environment: Kafka, etcd, kube-apiserver, kube-controller-manager, Helm"
   started=$SECONDS
-  ./scripts/testenv.sh up
   trap './scripts/testenv.sh down || true' EXIT
+  ./scripts/testenv.sh up
   echo "test environment ready in $((SECONDS - started))s"
 fi
 
@@ -36,10 +38,30 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 log="$(mktemp)"
-cargo test --workspace --locked --lib --bins --tests 2>&1 | tee "$log"
-# One closing line over every test binary (cargo prints one summary per binary).
+trap 'rm -f "$log"; [[ -z "$testenv" ]] || ./scripts/testenv.sh down || true' EXIT
+# The end-to-end suite runs below, on the node, once the rest has passed.
 status=0
+cargo test --workspace --exclude topk-e2e --locked --lib --bins --tests 2>&1 | tee "$log" || status=$?
+
+# End to end on a real node: the operator, workers, reducers and Jobs as pods of the image
+# built from this workspace. Started after the suite above, whose tests play the kubelet on
+# Pods that no node may run.
+if [[ "$status" == 0 ]]; then
+  if [[ -n "$testenv" ]] && [[ "$(id -u)" == 0 || "${TOPK_REQUIRE_TESTENV:-}" == 1 ]]; then
+    step "the test environment's node: containerd, kubelet, scheduler, kube-proxy, CoreDNS, volumes"
+    started=$SECONDS
+    ./scripts/testenv.sh node up
+    echo "node ready in $((SECONDS - started))s"
+    step "end to end on the node (e2e/run.sh testenv)"
+    started=$SECONDS
+    ./e2e/run.sh testenv 2>&1 | tee -a "$log" || status=$?
+    echo "end to end took $((SECONDS - started))s"
+  else
+    printf '\n*** SKIPPED the end-to-end suite: it needs the test environment (TOPK_TESTENV=up) and root for its node, or a kind cluster (e2e/run.sh) ***\n'
+  fi
+fi
+
+# One closing line over every test binary (cargo prints one summary per binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "\ntests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$log" || status=$?
-rm -f "$log"
 exit "$status"

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The test environment: a real Apache Kafka broker (KRaft), etcd, kube-apiserver and
-# kube-controller-manager, and Helm, provisioned from package registries only (Maven Central
-# and the Go module proxy) and run on free loopback ports. No Docker, no kubelet.
+# kube-controller-manager, and Helm, provisioned from package registries only (Maven Central,
+# the Go module proxy and Debian) and run on free ports; and, as root, a real node (containerd,
+# kubelet, scheduler, kube-proxy, CoreDNS, volumes) that runs pods. No Docker.
 #
-#   scripts/testenv.sh install   fetch and build everything (idempotent, cached by version)
-#   scripts/testenv.sh up        start everything, write the env file and a kubeconfig
-#   scripts/testenv.sh down      stop everything started by `up`
-#   scripts/testenv.sh status    show what runs where
-#   scripts/testenv.sh env       print the env file's path (source it to use the services)
+#   scripts/testenv.sh install      fetch and build everything (idempotent, cached by version)
+#   scripts/testenv.sh up           start the services, write the env file and a kubeconfig
+#   scripts/testenv.sh node up      start the node next to them (root)
+#   scripts/testenv.sh node image BIN_DIR TAG
+#                                   build the topk image from BIN_DIR and import it into the node
+#   scripts/testenv.sh node down    stop the node and remove what it made
+#   scripts/testenv.sh down         stop everything started by `up` (and the node)
+#   scripts/testenv.sh status       show what runs where
+#   scripts/testenv.sh env          print the env file's path (source it to use the services)
 #
 # Cache: ${TOPK_CACHE:-$HOME/.cache/topk}. Runtime state: $TOPK_CACHE/testenv/run.
 set -euo pipefail
@@ -20,7 +25,12 @@ KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ROO
 BIN="$CACHE/testenv/bin"
 KUBE_BIN="$BIN/kubernetes-$KUBE_VERSION"
 HELM_BIN="$BIN/helm-$HELM_VERSION"
-KAFKA_LIBS="$CACHE/testenv/kafka-$KAFKA_VERSION"
+COREDNS_VERSION="$(cat "$ROOT/tools/coredns/VERSION")"
+COREDNS_BIN="$BIN/coredns-$COREDNS_VERSION"
+# The provisioner is the repo's own: its build is named by its source's hash.
+PROVISIONER_BIN="$BIN/provisioner-$(cat "$ROOT/tools/provisioner/"{main.go,go.sum} | sha256sum | cut -c1-12)"
+# Named by the pom too: a dependency added there is fetched, not taken from an older download.
+KAFKA_LIBS="$CACHE/testenv/kafka-$KAFKA_VERSION-$(sha256sum "$ROOT/tools/kafka/pom.xml" | cut -c1-12)"
 RUN="${TOPK_TESTENV_DIR:-$CACHE/testenv/run}"
 ENV_FILE="$RUN/env"
 
@@ -34,6 +44,9 @@ need() {
   command -v "$1" >/dev/null 2>&1 || die "$1 is required ($2)"
 }
 
+# shellcheck source=scripts/testenv-node.sh
+source "$ROOT/scripts/testenv-node.sh"
+
 install_kafka() {
   if [[ -f "$KAFKA_LIBS/.complete" ]]; then return; fi
   need mvn "Maven fetches the Kafka broker from Maven Central"
@@ -46,9 +59,11 @@ install_kafka() {
 }
 
 install_kube() {
-  if [[ -x "$KUBE_BIN/kube-apiserver" && -x "$KUBE_BIN/kube-controller-manager" && -x "$KUBE_BIN/etcd" ]]; then return; fi
-  need go "the control plane is built from the published Go modules"
-  log "building etcd, kube-apiserver and kube-controller-manager $KUBE_VERSION (several minutes)"
+  local want=(kube-apiserver kube-controller-manager etcd kube-scheduler kubelet kube-proxy kubectl) missing=0 b
+  for b in "${want[@]}"; do [[ -x "$KUBE_BIN/$b" ]] || missing=1; done
+  if ((missing == 0)); then return; fi
+  need go "Kubernetes is built from the published Go modules"
+  log "building etcd and Kubernetes $KUBE_VERSION (control plane, kubelet, scheduler, kube-proxy, kubectl; several minutes)"
   local minor ld
   minor="$(echo "$KUBE_VERSION" | cut -d. -f2)"
   ld="-s -w"
@@ -57,9 +72,23 @@ install_kube() {
   done
   mkdir -p "$KUBE_BIN.tmp"
   (cd "$ROOT/tools/k8s" && go build -trimpath -ldflags "$ld" -o "$KUBE_BIN.tmp/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
+    k8s.io/kubernetes/cmd/kubectl)
   (cd "$ROOT/tools/k8s" && go build -trimpath -ldflags "-s -w" -o "$KUBE_BIN.tmp/etcd" go.etcd.io/etcd/server/v3)
   rm -rf "$KUBE_BIN" && mv "$KUBE_BIN.tmp" "$KUBE_BIN"
+}
+
+# CoreDNS (the node's cluster DNS) and the node's volume provisioner, each from its Go module.
+install_node_tools() {
+  if [[ -x "$COREDNS_BIN/coredns" && -x "$PROVISIONER_BIN/provisioner" ]]; then return; fi
+  need go "CoreDNS and the volume provisioner are built from Go modules"
+  log "building CoreDNS $COREDNS_VERSION and the node's volume provisioner"
+  mkdir -p "$COREDNS_BIN.tmp" "$PROVISIONER_BIN.tmp"
+  (cd "$ROOT/tools/coredns" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$COREDNS_BIN.tmp/coredns" .)
+  (cd "$ROOT/tools/provisioner" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$PROVISIONER_BIN.tmp/provisioner" .)
+  rm -rf "$COREDNS_BIN" "$PROVISIONER_BIN"
+  mv "$COREDNS_BIN.tmp" "$COREDNS_BIN" && mv "$PROVISIONER_BIN.tmp" "$PROVISIONER_BIN"
 }
 
 install_helm() {
@@ -74,9 +103,11 @@ install_helm() {
 }
 
 cmd_install() {
+  install_node_packages
   install_kafka
   install_kube
   install_helm
+  install_node_tools
   log "installed: kafka $KAFKA_VERSION, kubernetes $KUBE_VERSION, helm $HELM_VERSION"
 }
 
@@ -113,7 +144,7 @@ make_certs() {
     -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
     -keyout "$d/apiserver.key" -out "$d/apiserver.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n' >"$d/san.ext"
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1,IP:$NODE_IP\n' >"$d/san.ext"
   openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
     -days 3650 -extfile "$d/san.ext" -out "$d/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$d/sa.key" 2048 2>/dev/null
@@ -123,14 +154,14 @@ make_certs() {
 }
 
 write_kubeconfig() {
-  local port="$1" out="$2"
+  local port="$1" out="$2" host="$3"
   cat >"$out" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: testenv
   cluster:
-    server: https://127.0.0.1:$port
+    server: https://$host:$port
     certificate-authority: $RUN/pki/ca.crt
 users:
 - name: admin
@@ -145,23 +176,32 @@ EOF
 
 apiserver_ready() {
   curl -sf --cacert "$RUN/pki/ca.crt" -H "Authorization: Bearer $(cat "$RUN/pki/admin.token")" \
-    "https://127.0.0.1:$1/readyz" | grep -q ok
+    "https://$2:$1/readyz" | grep -q ok
 }
 
+# Kafka on 127.0.0.1 for the host's tests and, with the node, on HOST_IP for pods ($1: the
+# host address or empty). Prints the two ports.
 start_kafka() {
-  local port controller cluster_id
+  local host="$1" port controller pod_port cluster_id listeners advertised
   port="$(free_port)"
   controller="$(free_port)"
+  pod_port="$(free_port)"
+  listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller"
+  advertised="PLAINTEXT://127.0.0.1:$port"
+  if [[ -n "$host" ]]; then
+    listeners+=",PODS://$host:$pod_port"
+    advertised+=",PODS://$host:$pod_port"
+  fi
   mkdir -p "$RUN/kafka"
   cat >"$RUN/kafka/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$controller
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PODS:PLAINTEXT
 log.dirs=$RUN/kafka/data
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -190,7 +230,7 @@ EOF
   "${java[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$RUN/kafka/server.properties" >"$RUN/kafka-format.log" 2>&1 \
     || { cat "$RUN/kafka-format.log" >&2; die "formatting Kafka storage failed"; }
   start kafka "${java[@]}" kafka.Kafka "$RUN/kafka/server.properties"
-  echo "$port"
+  echo "$port $pod_port"
 }
 
 cmd_up() {
@@ -201,8 +241,23 @@ cmd_up() {
   mkdir -p "$RUN"
   make_certs
 
-  local kafka_port etcd_port etcd_peer api_port cm_port
-  kafka_port="$(start_kafka)"
+  # With root, the control plane and Kafka also listen on the node's address, which pods can
+  # route to; `node up` can then add the node. Without, everything stays on 127.0.0.1.
+  local host="127.0.0.1" node_ip="" why
+  why="$(node_unsupported)"
+  if [[ -z "$why" ]]; then
+    node_network_up
+    node_certs
+    host="$NODE_IP"
+    node_ip="$NODE_IP"
+  else
+    log "no node on this machine ($why): the control plane and Kafka stay on 127.0.0.1"
+  fi
+
+  local kafka_ports kafka_port kafka_pod_port etcd_port etcd_peer api_port cm_port
+  kafka_ports="$(start_kafka "$node_ip")"
+  kafka_port="${kafka_ports% *}"
+  kafka_pod_port="${kafka_ports#* }"
 
   etcd_port="$(free_port)"
   etcd_peer="$(free_port)"
@@ -213,19 +268,26 @@ cmd_up() {
   wait_for etcd 60 "$RUN/etcd.log" curl -sf "http://127.0.0.1:$etcd_port/health"
 
   api_port="$(free_port)"
+  local kubelet_client=()
+  if [[ -n "$node_ip" ]]; then
+    kubelet_client=(--kubelet-client-certificate "$RUN/pki/kubelet-client.crt"
+      --kubelet-client-key "$RUN/pki/kubelet-client.key" --kubelet-preferred-address-types InternalIP)
+  fi
+  # The ServiceAccount admission plugin mounts each pod's token (the operator's pod needs
+  # it); `TestEnv::namespace` waits for a namespace's default ServiceAccount for that.
   start kube-apiserver "$KUBE_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --bind-address "$host" --advertise-address "$host" --secure-port "$api_port" \
     --cert-dir "$RUN/pki" --tls-cert-file "$RUN/pki/apiserver.crt" --tls-private-key-file "$RUN/pki/apiserver.key" \
     --client-ca-file "$RUN/pki/ca.crt" --token-auth-file "$RUN/pki/tokens.csv" \
     --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$RUN/pki/sa.pub" --service-account-signing-key-file "$RUN/pki/sa.key" \
-    --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
-    --disable-admission-plugins ServiceAccount
-  wait_for kube-apiserver 120 "$RUN/kube-apiserver.log" apiserver_ready "$api_port"
+    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
+    "${kubelet_client[@]}"
+  wait_for kube-apiserver 120 "$RUN/kube-apiserver.log" apiserver_ready "$api_port" "$host"
 
-  write_kubeconfig "$api_port" "$RUN/kubeconfig"
+  write_kubeconfig "$api_port" "$RUN/kubeconfig" "$host"
   cm_port="$(free_port)"
   start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
     --kubeconfig "$RUN/kubeconfig" --authentication-skip-lookup=true \
@@ -247,7 +309,13 @@ export TOPK_KUBE_VERSION=$KUBE_VERSION
 export TOPK_HELM=$HELM_BIN/helm
 export TOPK_ETCD=http://127.0.0.1:$etcd_port
 EOF
-  log "up: kafka 127.0.0.1:$kafka_port, kube-apiserver https://127.0.0.1:$api_port ($KUBE_VERSION), helm $HELM_VERSION"
+  if [[ -n "$node_ip" ]]; then
+    cat >>"$ENV_FILE" <<EOF
+export TOPK_TESTENV_NODE_IP=$node_ip
+export TOPK_KAFKA_POD_BOOTSTRAP=$node_ip:$kafka_pod_port
+EOF
+  fi
+  log "up: kafka 127.0.0.1:$kafka_port, kube-apiserver https://$host:$api_port ($KUBE_VERSION), helm $HELM_VERSION"
   log "env file: $ENV_FILE"
 }
 
@@ -262,24 +330,25 @@ our_pid() {
   echo "$pid"
 }
 
+# Stops the process `up` started as NAME, if it still runs.
+stop_ours() {
+  local name="$1" pid
+  if pid="$(our_pid "$name")" && kill "$pid" 2>/dev/null; then
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
 cmd_down() {
-  local stopped=0
+  cmd_node_down
+  local name
   for name in kube-controller-manager kube-apiserver etcd kafka; do
-    local pidfile="$RUN/$name.pid"
-    local pid
-    if ! pid="$(our_pid "$name")"; then
-      rm -f "$pidfile"
-      continue
-    fi
-    if kill "$pid" 2>/dev/null; then
-      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-      kill -9 "$pid" 2>/dev/null || true
-      stopped=$((stopped + 1))
-    fi
-    rm -f "$pidfile"
+    stop_ours "$name"
   done
+  node_network_down
   rm -f "$ENV_FILE"
-  log "stopped $stopped process(es)"
+  log "stopped"
 }
 
 cmd_status() {
@@ -299,9 +368,18 @@ cmd_status() {
 
 case "${1:-}" in
   install) cmd_install ;;
+  node)
+    case "${2:-}" in
+      up) cmd_node_up ;;
+      down) cmd_node_down && log "node stopped" ;;
+      status) cmd_node_status ;;
+      image-archive) echo "$NODE/images/topk/image.tar" ;;
+      image) [[ $# == 4 ]] || die "usage: $0 node image BIN_DIR TAG"; build_topk_image "$3" "$4" ;;
+      *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+    esac ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) echo "$ENV_FILE" ;;
-  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

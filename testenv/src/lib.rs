@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -266,6 +266,15 @@ impl TestEnv {
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
             .await?;
+        // The apiserver admits a Pod only once its ServiceAccount exists, and the controller
+        // manager creates a namespace's `default` one just after the namespace.
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+        await_some(
+            &format!("the default ServiceAccount of {name}"),
+            Duration::from_secs(30),
+            || async { accounts.get_opt("default").await.ok().flatten() },
+        )
+        .await;
         Ok(name)
     }
 }

@@ -13,6 +13,14 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// Where a shard's state came from when this worker took it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// `local` (this worker's own checkpoint), `handoff` (the snapshot topic) or `input` (no
+    /// usable state: counted again from the oldest retained offset).
+    pub source: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabel {
     pub shard: u32,
@@ -30,6 +38,7 @@ pub struct WorkerMetrics {
     pub state_bytes: Gauge,
     pub owned_shards: Gauge,
     pub snapshots_published: Counter,
+    pub shard_restores: Family<SourceLabel, Counter>,
     pub kafka_errors: Counter,
 }
 
@@ -47,9 +56,13 @@ impl Default for WorkerMetrics {
             state_bytes: Gauge::default(),
             owned_shards: Gauge::default(),
             snapshots_published: Counter::default(),
+            shard_restores: Family::default(),
             kafka_errors: Counter::default(),
             registry: Registry::default(),
         };
+        for source in ["local", "handoff", "input"] {
+            let _ = m.shard_restores.get_or_create(&SourceLabel { source });
+        }
         for reason in RejectReason::ALL {
             // Every reason is exported from the start, at zero.
             let _ = m.events_rejected.get_or_create(&ReasonLabel {
@@ -61,6 +74,11 @@ impl Default for WorkerMetrics {
             "events_rejected",
             "Input messages not counted, by reason (also in the dead-letter topic)",
             m.events_rejected.clone(),
+        );
+        registry.register(
+            "shard_restores",
+            "Shards taken by this worker, by where their state came from (local checkpoint, handoff snapshot, or the input from its start)",
+            m.shard_restores.clone(),
         );
         registry.register(
             "summaries_published",

@@ -30,7 +30,7 @@ use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::error::Error;
 use crate::handoff;
 use crate::input::{InputConsumer, InputMessage};
-use crate::metrics::{ShardLabel, WorkerMetrics};
+use crate::metrics::{ShardLabel, SourceLabel, WorkerMetrics};
 use crate::output::{DeliveryCounter, send};
 
 /// Everything a worker needs to know, resolved from its flags and the rendered config.
@@ -694,13 +694,16 @@ impl Worker {
             }
             std::thread::sleep(Duration::from_millis(200));
         };
-        let newest = [local, remote]
-            .into_iter()
-            .flatten()
-            .max_by_key(|cp| (cp.epoch, cp.next_offset));
-        let restored = newest.and_then(|cp| {
+        let newest = [
+            local.map(|cp| ("local", cp)),
+            remote.map(|cp| ("handoff", cp)),
+        ]
+        .into_iter()
+        .flatten()
+        .max_by_key(|(_, cp)| (cp.epoch, cp.next_offset));
+        let restored = newest.and_then(|(source, cp)| {
             match ShardStream::restore(&self.sink.settings.engine, &cp.stream) {
-                Ok(stream) => Some((stream, cp.next_offset, cp.outbox)),
+                Ok(stream) => Some((source, (stream, cp.next_offset, cp.outbox))),
                 Err(err) => {
                     // A changed counting configuration cannot reuse the old state: count the
                     // shard again from the oldest input still retained.
@@ -709,8 +712,15 @@ impl Worker {
                 }
             }
         });
+        let source = restored.as_ref().map_or("input", |(source, _)| *source);
+        tracing::info!(shard, epoch, source, "taking the shard");
+        self.health
+            .metrics
+            .shard_restores
+            .get_or_create(&SourceLabel { source })
+            .inc();
         let (mut stream, next_offset, outbox) = match restored {
-            Some(found) => found,
+            Some((_, found)) => found,
             None => {
                 let (low, _) = self.input.consumer().fetch_watermarks(
                     &self.sink.settings.input_topic,

@@ -1,0 +1,895 @@
+//! End to end on a real cluster prepared by `e2e/run.sh`: kind (`e2e/run.sh`) or the test
+//! environment's node (`e2e/run.sh testenv`, what CI runs), with the chart installed with its
+//! dev Kafka and the image under test on the nodes. Skipped, with a message, unless
+//! `TOPK_E2E=1`; under `TOPK_REQUIRE_TESTENV=1` (CI) or `TOPK_REQUIRE_KIND=1` a missing
+//! cluster is a failure. Each scenario uses its own namespace, topic and metric; a scenario
+//! that fails prints the pods, events and logs of what it touched, one that passes deletes
+//! its namespace.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Service, ServiceAccount,
+};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use topk_api::TopKMetric;
+use topk_testenv::{await_some, list_items as items, metric_manifest};
+
+const WAIT: Duration = Duration::from_secs(300);
+
+struct Cluster {
+    client: Client,
+    /// Where the chart (and its dev Kafka) is installed.
+    system: String,
+    release: String,
+}
+
+/// One scenario's namespace: on a failure (a panic) prints what is in it and the operator's
+/// logs; on success deletes it, so later scenarios have the node's room.
+struct Scenario {
+    ns: String,
+    system: String,
+    release: String,
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "\n===== scenario in namespace {} failed: what it touched =====",
+                self.ns
+            );
+            let ns = self.ns.as_str();
+            kubectl_print(&["get", "pods,pvc,jobs,statefulsets", "-n", ns, "-o", "wide"]);
+            kubectl_print(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+            kubectl_print(&["get", "tkm", "-n", ns, "-o", "yaml"]);
+            kubectl_print(&[
+                "logs",
+                "-n",
+                ns,
+                "-l",
+                "app.kubernetes.io/instance",
+                "--all-containers",
+                "--prefix",
+                "--tail=60",
+                "--max-log-requests=20",
+            ]);
+            let operator = format!(
+                "app.kubernetes.io/instance={},app.kubernetes.io/component=operator",
+                self.release
+            );
+            kubectl_print(&["get", "pods,events", "-n", &self.system]);
+            kubectl_print(&[
+                "logs",
+                "-n",
+                &self.system,
+                "-l",
+                &operator,
+                "--prefix",
+                "--tail=80",
+            ]);
+        } else {
+            kubectl_print(&["delete", "namespace", &self.ns, "--wait=false"]);
+        }
+    }
+}
+
+/// Runs kubectl and copies what it prints to stderr (diagnostics and clean-up only).
+fn kubectl_print(args: &[&str]) {
+    match Command::new("kubectl").args(args).output() {
+        Ok(out) => {
+            eprintln!("$ kubectl {}", args.join(" "));
+            eprintln!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(err) => eprintln!("kubectl {}: {err}", args.join(" ")),
+    }
+}
+
+/// kubectl's output, failing the test when it fails.
+fn kubectl(args: &[&str]) -> String {
+    let out = Command::new("kubectl")
+        .args(args)
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Cluster {
+    async fn get(test: &str) -> Option<Self> {
+        if std::env::var("TOPK_E2E").as_deref() != Ok("1") {
+            let msg = format!(
+                "SKIPPED {test}: needs a cluster prepared by e2e/run.sh (kind) or `e2e/run.sh testenv` (TOPK_E2E=1)"
+            );
+            let required = ["TOPK_REQUIRE_TESTENV", "TOPK_REQUIRE_KIND"]
+                .iter()
+                .any(|v| std::env::var(v).as_deref() == Ok("1"));
+            assert!(!required, "{msg}");
+            eprintln!("\n*** {msg} ***\n");
+            return None;
+        }
+        let client = Client::try_default()
+            .await
+            .expect("kubeconfig of the cluster");
+        Some(Self {
+            client,
+            system: std::env::var("TOPK_E2E_NAMESPACE").unwrap_or_else(|_| "topk-system".into()),
+            release: std::env::var("TOPK_E2E_RELEASE").unwrap_or_else(|_| "topk".into()),
+        })
+    }
+
+    fn kafka_pod(&self) -> String {
+        format!("{}-topk-operator-kafka-0", self.release)
+    }
+
+    fn bootstrap(&self) -> String {
+        format!(
+            "{}-topk-operator-kafka.{}.svc:9092",
+            self.release, self.system
+        )
+    }
+
+    /// A fresh namespace for one scenario, once its default ServiceAccount exists (the
+    /// apiserver admits no Pod before).
+    async fn scenario(&self, prefix: &str) -> Scenario {
+        let name = format!(
+            "{prefix}-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis()
+                % 1_000_000_000
+        );
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &name);
+        await_some("the namespace's default ServiceAccount", WAIT, || async {
+            accounts.get_opt("default").await.ok().flatten()
+        })
+        .await;
+        Scenario {
+            ns: name,
+            system: self.system.clone(),
+            release: self.release.clone(),
+        }
+    }
+
+    /// Creates a topic with the broker's own tool, in the dev broker's pod.
+    fn create_topic(&self, topic: &str, partitions: u32) {
+        kubectl(&[
+            "exec",
+            "-n",
+            &self.system,
+            &self.kafka_pod(),
+            "--",
+            "/opt/kafka/bin/kafka-topics.sh",
+            "--bootstrap-server",
+            "localhost:9092",
+            "--create",
+            "--topic",
+            topic,
+            "--partitions",
+            &partitions.to_string(),
+        ]);
+    }
+
+    /// Produces `plays` events (one per entry, event time now).
+    fn produce(&self, topic: &str, keys: &[String]) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        let events: Vec<(i64, String)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| (now + i as i64 % 1000, key.clone()))
+            .collect();
+        self.produce_at(topic, &events);
+    }
+
+    /// Produces `plays` events with the given event times through `topk produce` in a pod of
+    /// the image under test: keyed `plays||key`, stamped with the event time.
+    fn produce_at(&self, topic: &str, events: &[(i64, String)]) {
+        let mut lines = String::new();
+        for (i, (time, key)) in events.iter().enumerate() {
+            let event = json!({"event_time": time, "metric": "plays", "key": key,
+                "event_id": format!("{topic}-{time}-{i}")});
+            lines.push_str(&format!("{event}\n"));
+        }
+        let image = std::env::var("TOPK_E2E_IMAGE").expect("TOPK_E2E_IMAGE");
+        let pod = format!("produce-{}", std::process::id());
+        let mut child = Command::new("kubectl")
+            .args(["run", &pod, "-i", "--rm", "--restart=Never", "--quiet"])
+            .args([
+                "-n",
+                &self.system,
+                "--image",
+                &image,
+                "--image-pull-policy=Never",
+                "--",
+            ])
+            .args([
+                "produce",
+                "--bootstrap",
+                &self.bootstrap(),
+                "--topic",
+                topic,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("kubectl run");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(lines.as_bytes())
+            .expect("write events");
+        let out = child.wait_with_output().expect("kubectl run");
+        assert!(out.status.success(), "topk produce failed");
+        let summary = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            summary.contains(&format!("\"sent\":{}", events.len())),
+            "{summary}"
+        );
+    }
+
+    async fn apply_metric(&self, ns: &str, name: &str, topic: &str, workers: u32) {
+        let spec = format!(
+            r#"
+shards: 4
+k: 5
+workers: {{replicas: {workers}, idleTimeout: 2s}}
+allowedLateness: 2s
+windows:
+  - {{name: 1h, length: 1h, bucket: 1m}}
+  - {{name: all, allTime: true, bucket: 10s}}
+"#
+        );
+        let manifest = metric_manifest(name, "plays", &self.bootstrap(), topic, &spec);
+        let metric: TopKMetric = topk_api::load_manifest(&manifest).expect("manifest");
+        Api::<TopKMetric>::namespaced(self.client.clone(), ns)
+            .create(&PostParams::default(), &metric)
+            .await
+            .expect("create TopKMetric");
+    }
+
+    /// A list from the metric's reducer, through the apiserver's service proxy.
+    async fn list(&self, ns: &str, name: &str, window: &str) -> Option<Value> {
+        let path = format!(
+            "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/rankings/plays?window={window}&k=5",
+            topk_api::names::Names::of(name).reducer
+        );
+        let request = http::Request::get(path).body(Vec::new()).ok()?;
+        let text = self.client.request_text(request).await.ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    async fn metric(&self, ns: &str, name: &str) -> Option<TopKMetric> {
+        Api::<TopKMetric>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// A counter of a worker's `/metrics`, read through the API server's pod proxy.
+    async fn worker_counter(&self, ns: &str, pod: &str, series: &str) -> Option<f64> {
+        let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:8080/proxy/metrics");
+        let request = http::Request::get(path).body(Vec::new()).ok()?;
+        let text = self.client.request_text(request).await.ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    /// Waits until the metric's workers are `replicas`/`replicas` and no rescale is under way.
+    async fn await_settled(&self, ns: &str, replicas: u32) {
+        await_some(&format!("{replicas} workers, settled"), WAIT, || async {
+            let status = self.metric(ns, "plays").await?.status?;
+            let settled = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Progressing" && c.status == "False");
+            (status.workers?.summary == format!("{replicas}/{replicas}") && settled).then_some(())
+        })
+        .await;
+    }
+
+    async fn scale(&self, ns: &str, replicas: u32) {
+        // `kubectl scale tkm/plays --replicas=N` is a patch of the scale subresource.
+        Api::<TopKMetric>::namespaced(self.client.clone(), ns)
+            .patch_scale(
+                "plays",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("scale");
+    }
+
+    /// The operator's pods, as the chart labels them.
+    async fn operator_pods(&self) -> Vec<Pod> {
+        let selector = format!(
+            "app.kubernetes.io/instance={},app.kubernetes.io/component=operator",
+            self.release
+        );
+        Api::<Pod>::namespaced(self.client.clone(), &self.system)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .expect("operator pods")
+            .items
+    }
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+/// The shard restore counter of a worker, by source (`local`, `handoff`, `input`).
+fn restores(source: &str) -> String {
+    format!("topk_worker_shard_restores_total{{source=\"{source}\"}}")
+}
+
+/// `song-i` played `i + 1` times, i in 0..12, shuffled deterministically.
+fn plays(round: u64) -> Vec<String> {
+    let mut keys: Vec<String> = (0..12)
+        .flat_map(|i| std::iter::repeat_n(format!("song-{i}"), i + 1))
+        .collect();
+    let n = keys.len();
+    for i in 0..n {
+        keys.swap(i, (i * 31 + round as usize * 7) % n);
+    }
+    keys
+}
+
+fn top5(counts: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
+    let mut all: Vec<(String, u64)> = counts.iter().map(|(k, c)| (k.clone(), *c)).collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all.truncate(5);
+    all
+}
+
+fn add(counts: &mut BTreeMap<String, u64>, keys: &[String]) {
+    for key in keys {
+        *counts.entry(key.clone()).or_default() += 1;
+    }
+}
+
+async fn await_exact(cluster: &Cluster, ns: &str, name: &str, counts: &BTreeMap<String, u64>) {
+    let want = top5(counts);
+    await_some(
+        &format!("the all-time list of {ns}/{name} = {want:?}"),
+        WAIT,
+        || async {
+            let list = cluster.list(ns, name, "all").await?;
+            (items(&list) == want).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_chart_runs_the_operator_as_ready_pods() {
+    let Some(cluster) = Cluster::get("operator pods").await else {
+        return;
+    };
+    // `helm install` (by e2e/run.sh, from nothing) waited for the Deployment; its pods run on
+    // a node, ready by their probes, and one of them holds the leader Lease.
+    let pods = await_some("the operator's pods ready on a node", WAIT, || async {
+        let pods = cluster.operator_pods().await;
+        (!pods.is_empty()
+            && pods.iter().all(|p| {
+                pod_ready(p) && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            }))
+        .then_some(pods)
+    })
+    .await;
+    let deployment = Api::<Deployment>::namespaced(cluster.client.clone(), &cluster.system)
+        .get(&format!("{}-topk-operator", cluster.release))
+        .await
+        .expect("operator Deployment");
+    let want = deployment.spec.and_then(|s| s.replicas).unwrap_or(1) as usize;
+    assert_eq!(pods.len(), want, "one pod per replica");
+    let lease = kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        &cluster.system,
+        "-o",
+        "jsonpath={.items[*].spec.holderIdentity}",
+    ]);
+    assert!(
+        pods.iter().any(|p| lease.contains(&p.name_any())),
+        "no operator pod holds a Lease: {lease}"
+    );
+}
+
+#[tokio::test]
+async fn a_known_stream_shows_its_leader_and_exact_lists() {
+    let Some(cluster) = Cluster::get("known stream").await else {
+        return;
+    };
+    let scenario = cluster.scenario("known").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    cluster.apply_metric(ns, "plays", &topic, 2).await;
+    let keys = plays(0);
+    cluster.produce(&topic, &keys);
+    let mut counts = BTreeMap::new();
+    add(&mut counts, &keys);
+    await_exact(&cluster, ns, "plays", &counts).await;
+    let metric = await_some("leader and ready workers", WAIT, || async {
+        let m = cluster.metric(ns, "plays").await?;
+        let status = m.status.clone()?;
+        (status.leader.as_deref() == Some("song-11")
+            && status.workers.as_ref().map(|w| w.summary.as_str()) == Some("2/2"))
+        .then_some(m)
+    })
+    .await;
+    let ready = metric
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
+    assert_eq!(ready.as_deref(), Some("True"));
+    // What a user sees: `kubectl get tkm` (the printer columns, from the live reducer's
+    // status), then the plugin reaching the reducer pod through the API server.
+    let table = kubectl(&["get", "tkm", "-n", ns]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    for column in ["READY", "WORKERS", "LEADER", "WATERMARK", "LAG"] {
+        assert!(header.contains(&column), "no {column} column in:\n{table}");
+    }
+    let row = table.lines().nth(1).unwrap_or_default();
+    for value in ["plays", "True", "2/2", "song-11"] {
+        assert!(
+            row.split_whitespace().any(|v| v == value),
+            "{value} missing in:\n{table}"
+        );
+    }
+    let list = kubectl(&[
+        "topk", "get", "plays", "-n", ns, "--window", "all", "-o", "json",
+    ]);
+    let list: Value = serde_json::from_str(&list).expect("kubectl topk get -o json");
+    assert_eq!(items(&list), top5(&counts), "kubectl topk get");
+    let status = kubectl(&["topk", "status", "plays", "-n", ns]);
+    assert!(
+        status.contains("song-11") || status.to_lowercase().contains("shard"),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_pod_killed_mid_stream_loses_nothing_and_keeps_its_volume() {
+    let Some(cluster) = Cluster::get("killed worker").await else {
+        return;
+    };
+    let scenario = cluster.scenario("kill").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    cluster.apply_metric(ns, "plays", &topic, 2).await;
+    let mut counts = BTreeMap::new();
+    let first = plays(1);
+    cluster.produce(&topic, &first);
+    add(&mut counts, &first);
+    await_exact(&cluster, ns, "plays", &counts).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
+    let claim = claims
+        .get("state-plays-worker-1")
+        .await
+        .expect("worker 1's claim");
+    let volume = claim.spec.as_ref().and_then(|s| s.volume_name.clone());
+    assert!(volume.is_some(), "the claim is bound");
+    let old = pods.get("plays-worker-1").await.expect("worker 1");
+    pods.delete("plays-worker-1", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("kill worker 1");
+    let second = plays(2);
+    cluster.produce(&topic, &second);
+    add(&mut counts, &second);
+    await_exact(&cluster, ns, "plays", &counts).await;
+    // The StatefulSet's new pod is another pod on the same claim and volume, and took its
+    // shards from the checkpoint on that volume, not from a snapshot or the input.
+    let new = await_some("worker 1 back and ready", WAIT, || async {
+        let pod = pods.get_opt("plays-worker-1").await.ok()??;
+        (pod.uid() != old.uid() && pod_ready(&pod)).then_some(pod)
+    })
+    .await;
+    let again = claims.get("state-plays-worker-1").await.expect("claim");
+    assert_eq!(again.uid(), claim.uid(), "the claim was recreated");
+    assert_eq!(
+        again.spec.and_then(|s| s.volume_name),
+        volume,
+        "another volume"
+    );
+    let local = await_some("worker 1's restore counters", WAIT, || async {
+        cluster
+            .worker_counter(ns, &new.name_any(), &restores("local"))
+            .await
+    })
+    .await;
+    let input = cluster
+        .worker_counter(ns, &new.name_any(), &restores("input"))
+        .await;
+    assert!(local >= 1.0, "worker 1 restored no shard from its volume");
+    assert_eq!(
+        input,
+        Some(0.0),
+        "worker 1 recounted a shard from the input"
+    );
+}
+
+#[tokio::test]
+async fn scaling_out_and_back_keeps_the_lists_exact_through_handoff_snapshots() {
+    let Some(cluster) = Cluster::get("scale").await else {
+        return;
+    };
+    let scenario = cluster.scenario("scale").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    cluster.apply_metric(ns, "plays", &topic, 2).await;
+    let mut counts = BTreeMap::new();
+    for (round, replicas) in [(3u64, 3), (4, 2), (5, 2)] {
+        let keys = plays(round);
+        cluster.produce(&topic, &keys);
+        add(&mut counts, &keys);
+        cluster.scale(ns, replicas).await;
+        cluster.await_settled(ns, replicas).await;
+        await_exact(&cluster, ns, "plays", &counts).await;
+        if replicas == 3 {
+            // The new worker's shards came from their previous owners' release snapshots.
+            let handoff = cluster
+                .worker_counter(ns, "plays-worker-2", &restores("handoff"))
+                .await
+                .expect("worker 2's metrics");
+            let input = cluster
+                .worker_counter(ns, "plays-worker-2", &restores("input"))
+                .await;
+            assert!(
+                handoff >= 1.0,
+                "worker 2 took no shard from a handoff snapshot"
+            );
+            assert_eq!(
+                input,
+                Some(0.0),
+                "worker 2 recounted a shard from the input"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_operator_killed_mid_rescale_resumes_it() {
+    let Some(cluster) = Cluster::get("operator killed").await else {
+        return;
+    };
+    let scenario = cluster.scenario("opkill").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    cluster.apply_metric(ns, "plays", &topic, 2).await;
+    let mut counts = BTreeMap::new();
+    let keys = plays(7);
+    cluster.produce(&topic, &keys);
+    add(&mut counts, &keys);
+    await_exact(&cluster, ns, "plays", &counts).await;
+    cluster.scale(ns, 3).await;
+    // Kill every operator pod once the rescale is under way; the Deployment brings new ones,
+    // one takes the Lease and finishes the step the status recorded.
+    await_some("the rescale under way", WAIT, || async {
+        let status = cluster.metric(ns, "plays").await?.status?;
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Progressing" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.system);
+    for pod in cluster.operator_pods().await {
+        pods.delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+            .await
+            .expect("kill an operator pod");
+    }
+    let more = plays(8);
+    cluster.produce(&topic, &more);
+    add(&mut counts, &more);
+    cluster.await_settled(ns, 3).await;
+    await_exact(&cluster, ns, "plays", &counts).await;
+}
+#[tokio::test]
+async fn an_hourly_recount_advances_exact_until() {
+    let Some(cluster) = Cluster::get("hourly recount").await else {
+        return;
+    };
+    let scenario = cluster.scenario("recount").await;
+    let ns = scenario.ns.clone();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    // Events of an hour two hours back, and a metric that recounts from that hour on
+    // (`topk.io/recount-from`), so closed hours exist without waiting for one to close.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let hour = now.div_euclid(3_600_000) * 3_600_000 - 2 * 3_600_000;
+    let keys = plays(6);
+    let events: Vec<(i64, String)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| (hour + 60_000 + i as i64 * 1_000, key.clone()))
+        .collect();
+    cluster.produce_at(&topic, &events);
+    cluster.apply_metric(&ns, "plays", &topic, 2).await;
+    let from = k8s_openapi::jiff::Timestamp::from_millisecond(hour)
+        .expect("hour")
+        .to_string();
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), &ns)
+        .patch(
+            "plays",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"topk.io/recount-from": from}}})),
+        )
+        .await
+        .expect("annotate");
+    let second_hour = k8s_openapi::jiff::Timestamp::from_millisecond(hour + 3_600_000)
+        .expect("hour")
+        .to_string();
+    // The Jobs run `topk recount` in the cluster; exactUntil passes the hour of the events.
+    let status = await_some("exactUntil past the recounted hour", WAIT, || async {
+        let status = cluster.metric(&ns, "plays").await?.status?;
+        (status.exact_until.as_deref()? >= second_hour.as_str()).then_some(status)
+    })
+    .await;
+    let recount = status.recount.expect("recount status");
+    assert!(recount.failures.is_empty(), "{recount:?}");
+    let last = await_some("the recount summary", WAIT, || async {
+        cluster
+            .metric(&ns, "plays")
+            .await?
+            .status?
+            .recount?
+            .last_recount
+    })
+    .await;
+    assert!(last.hour.as_str() >= from.as_str(), "{last:?}");
+}
+
+#[tokio::test]
+async fn an_unchanged_helm_upgrade_rolls_nothing() {
+    let Some(cluster) = Cluster::get("helm upgrade").await else {
+        return;
+    };
+    let scenario = cluster.scenario("upgrade").await;
+    let ns = scenario.ns.clone();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    cluster.apply_metric(&ns, "plays", &topic, 2).await;
+    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), &ns);
+    await_some("the worker StatefulSet", WAIT, || async {
+        sets.get_opt("plays-worker").await.ok()?
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
+    let uids = |list: Vec<Pod>| -> Vec<String> {
+        let mut uids: Vec<String> = list.iter().filter_map(|p| p.uid()).collect();
+        uids.sort();
+        uids
+    };
+    let before = uids(pods.list(&ListParams::default()).await.expect("pods").items);
+    let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), &cluster.system);
+    let operator = format!("{}-topk-operator", cluster.release);
+    let generation = deployments
+        .get(&operator)
+        .await
+        .expect("operator")
+        .metadata
+        .generation;
+    let chart = std::env::var("TOPK_E2E_CHART").expect("TOPK_E2E_CHART");
+    let extra = std::env::var("TOPK_E2E_HELM_ARGS").unwrap_or_default();
+    let status = Command::new("helm")
+        .args([
+            "upgrade",
+            &cluster.release,
+            &chart,
+            "--namespace",
+            &cluster.system,
+            "--wait",
+        ])
+        .args(extra.split_whitespace())
+        .status()
+        .expect("helm upgrade");
+    assert!(status.success());
+    // Give the operator a reconcile to (wrongly) roll something.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let after = uids(pods.list(&ListParams::default()).await.expect("pods").items);
+    assert_eq!(before, after, "pods were replaced by an unchanged upgrade");
+    assert_eq!(
+        deployments
+            .get(&operator)
+            .await
+            .expect("operator")
+            .metadata
+            .generation,
+        generation
+    );
+}
+
+#[tokio::test]
+async fn deleting_the_metric_removes_what_it_created() {
+    let Some(cluster) = Cluster::get("delete").await else {
+        return;
+    };
+    let scenario = cluster.scenario("delete").await;
+    let ns = scenario.ns.clone();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    cluster.apply_metric(&ns, "plays", &topic, 2).await;
+    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), &ns);
+    await_some("the StatefulSets", WAIT, || async {
+        (sets.list(&ListParams::default()).await.ok()?.items.len() == 2).then_some(())
+    })
+    .await;
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), &ns)
+        .delete("plays", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let selector = "app.kubernetes.io/instance=plays";
+    let services: Api<Service> = Api::namespaced(cluster.client.clone(), &ns);
+    let maps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &ns);
+    await_some("everything the metric created gone", WAIT, || async {
+        let params = ListParams::default().labels(selector);
+        let left = sets.list(&params).await.ok()?.items.len()
+            + services.list(&params).await.ok()?.items.len()
+            + maps.list(&params).await.ok()?.items.len();
+        (left == 0).then_some(())
+    })
+    .await;
+}
+
+/// The runtime settings of the Dockerfile's last stage, read here independently of the
+/// node's image builder: (entrypoint, user, env, exposed ports, copy destinations).
+fn dockerfile_runtime(text: &str) -> (Value, String, Vec<String>, Vec<String>, Vec<String>) {
+    let joined = text.replace("\\\n", " ");
+    let lines: Vec<&str> = joined
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let last = lines
+        .iter()
+        .rposition(|l| l.to_uppercase().starts_with("FROM "))
+        .expect("a FROM line");
+    let (mut entrypoint, mut user) = (Value::Null, String::new());
+    let (mut env, mut ports, mut dests) = (Vec::new(), Vec::new(), Vec::new());
+    for line in &lines[last + 1..] {
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match word.to_uppercase().as_str() {
+            "ENTRYPOINT" => entrypoint = serde_json::from_str(rest).expect("exec-form ENTRYPOINT"),
+            "USER" => user = rest.trim().to_owned(),
+            "ENV" => env.push(rest.trim().to_owned()),
+            "EXPOSE" => ports.extend(rest.split_whitespace().map(|p| format!("{p}/tcp"))),
+            "COPY" => dests.push(
+                rest.split_whitespace()
+                    .last()
+                    .expect("COPY dest")
+                    .to_owned(),
+            ),
+            _ => {}
+        }
+    }
+    (entrypoint, user, env, ports, dests)
+}
+
+#[test]
+fn the_node_image_matches_the_dockerfile() {
+    // Only where the image was made without Docker (`e2e/run.sh testenv`); on kind the image
+    // is the Dockerfile's own build.
+    let Ok(archive) = std::env::var("TOPK_E2E_IMAGE_ARCHIVE") else {
+        let msg =
+            "SKIPPED the node image check: no TOPK_E2E_IMAGE_ARCHIVE (set by `e2e/run.sh testenv`)";
+        assert!(
+            std::env::var("TOPK_REQUIRE_TESTENV").as_deref() != Ok("1"),
+            "{msg}"
+        );
+        eprintln!("\n*** {msg} ***\n");
+        return;
+    };
+    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile"))
+        .expect("Dockerfile");
+    let (entrypoint, user, env, ports, dests) = dockerfile_runtime(&dockerfile);
+    let member = |name: &str| -> Vec<u8> {
+        let out = Command::new("tar")
+            .args(["-xOf", &archive, name])
+            .output()
+            .expect("tar");
+        assert!(out.status.success(), "{name} not in {archive}");
+        out.stdout
+    };
+    let manifest: Value = serde_json::from_slice(&member("manifest.json")).expect("manifest");
+    let config: Value = serde_json::from_slice(&member(
+        manifest[0]["Config"].as_str().expect("config name"),
+    ))
+    .expect("image config");
+    let config = &config["config"];
+    assert_eq!(config["Entrypoint"], entrypoint);
+    assert_eq!(config["User"].as_str(), Some(user.as_str()));
+    let image_env: Vec<&str> = config["Env"]
+        .as_array()
+        .expect("Env")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for var in &env {
+        assert!(
+            image_env.contains(&var.as_str()),
+            "{var} not in {image_env:?}"
+        );
+    }
+    let mut image_ports: Vec<String> = config["ExposedPorts"]
+        .as_object()
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    image_ports.sort();
+    let mut ports = ports;
+    ports.sort();
+    assert_eq!(image_ports, ports);
+    // The layer holds the binaries and libraries where the Dockerfile copies them.
+    let layer = manifest[0]["Layers"][0].as_str().expect("layer").to_owned();
+    let files = Command::new("sh")
+        .arg("-c")
+        .arg(format!("tar -xOf '{archive}' '{layer}' | tar -t"))
+        .output()
+        .expect("tar");
+    let files = String::from_utf8_lossy(&files.stdout);
+    let bin = dests
+        .first()
+        .expect("binaries' COPY")
+        .trim_start_matches('/');
+    let lib = dests
+        .get(1)
+        .expect("libraries' COPY")
+        .trim_start_matches('/');
+    for file in [
+        format!("{bin}topk"),
+        format!("{bin}topk-operator"),
+        format!("{lib}libz.so.1"),
+    ] {
+        assert!(
+            files.lines().any(|f| f == file),
+            "{file} not in the image's layer"
+        );
+    }
+}
