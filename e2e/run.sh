@@ -53,6 +53,8 @@ case "$mode" in
     tag="$("$ROOT/scripts/image.sh" --print-tag)"
     "$ROOT/scripts/testenv.sh" node image "$CARGO_TARGET_DIR/debug" "$IMAGE:$tag"
     kafka_args=(--set "kafka.dev.image=$TOPK_NODE_KAFKA_IMAGE")
+    # The test environment's own broker, on the host address pods route to.
+    export TOPK_E2E_EXTERNAL_KAFKA="$TOPK_KAFKA_POD_BOOTSTRAP"
     export TOPK_E2E_IMAGE_ARCHIVE="$("$ROOT/scripts/testenv.sh" node image-archive)"
     ;;
   *)

@@ -2,7 +2,7 @@
 # bridge of its own, kubelet, kube-scheduler, kube-proxy, CoreDNS and a volume provisioner,
 # next to the control plane `up` started. Needs root (network interfaces, mounts, cgroups).
 #
-# Addresses: the node and the host's services for pods are on NODE_IP, on a dummy interface
+# Addresses: the node and the host's services for pods are on NODE_IP, on an interface of its own
 # this script adds; pods get POD_CIDR on the bridge; Services SERVICE_CIDR. A guard chain
 # rejects pod traffic to any other address, so nothing leaves the machine.
 
@@ -53,10 +53,12 @@ install_node_packages() {
 node_ctr() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 node_kubectl() { "$KUBE_BIN/kubectl" --kubeconfig "$RUN/kubeconfig" "$@"; }
 
-# The host side of the node's network: NODE_IP on a dummy interface (the address the control
-# plane, Kafka's pod listener and CoreDNS bind), forwarding on, the guard chain.
+# The host side of the node's network: NODE_IP on an interface of its own (the address the
+# control plane, Kafka's pod listener and CoreDNS bind), forwarding on, the guard chain. The
+# interface is a bridge with no ports: this kernel has no dummy interfaces, and a portless
+# bridge takes local traffic the same way.
 node_network_up() {
-  ip link show "$NODE_IF" >/dev/null 2>&1 || ip link add "$NODE_IF" type dummy
+  ip link show "$NODE_IF" >/dev/null 2>&1 || ip link add "$NODE_IF" type bridge
   ip addr replace "$NODE_IP/32" dev "$NODE_IF"
   ip link set "$NODE_IF" up
   cat /proc/sys/net/ipv4/ip_forward >"$RUN/ip_forward.saved"
@@ -271,9 +273,12 @@ build_kafka_image() {
     "$r/tmp" "$r/etc" "$r/var/lib/kafka/data" "$r/usr/lib/jvm"
   chmod 1777 "$r/tmp"
   cp "$KAFKA_LIBS"/*.jar "$r/opt/kafka/libs/"
-  # The JRE with its links into /etc resolved; the JDK's jmods and sources are not needed.
-  tar -C "$java_home" --exclude=./jmods --exclude=./lib/src.zip --exclude=./demo --exclude=./man \
-    -chf - . 2>/dev/null | tar -C "$r/usr/lib/jvm" --one-top-level=java -xf -
+  # The JRE with its links into /etc resolved (a dangling one, such as the JDK's src.zip,
+  # makes cp fail: what matters is checked below); the JDK's jmods and docs are not needed.
+  cp -rL "$java_home" "$r/usr/lib/jvm/java" 2>/dev/null || true
+  rm -rf "$r/usr/lib/jvm/java/"{jmods,docs,man,include,demo}
+  [[ -x "$r/usr/lib/jvm/java/bin/java" && -f "$r/usr/lib/jvm/java/lib/modules" ]] \
+    || die "copying the JRE from $java_home failed"
   python3 "$ROOT/tools/node/image.py" libs "$r" "$r/usr/lib/jvm/java/bin/java" \
     $(find "$r/usr/lib/jvm/java/lib" -name '*.so')
   cp /bin/busybox "$r/bin/busybox"
@@ -437,7 +442,7 @@ cmd_node_down() {
   return 0
 }
 
-# The dummy interface goes with the control plane, which binds its address.
+# The host interface goes with the control plane, which binds its address.
 node_network_down() {
   ip link show "$NODE_IF" >/dev/null 2>&1 && ip link delete "$NODE_IF"
   if iptables -S "$GUARD_CHAIN" >/dev/null 2>&1; then

@@ -144,7 +144,7 @@ make_certs() {
     -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
     -keyout "$d/apiserver.key" -out "$d/apiserver.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1,IP:$NODE_IP\n' >"$d/san.ext"
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1,IP:%s\n' "$NODE_IP" >"$d/san.ext"
   openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
     -days 3650 -extfile "$d/san.ext" -out "$d/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$d/sa.key" 2048 2>/dev/null

@@ -175,6 +175,11 @@ impl Cluster {
 
     /// Creates a topic with the broker's own tool, in the dev broker's pod.
     fn create_topic(&self, topic: &str, partitions: u32) {
+        self.create_topic_on("localhost:9092", topic, partitions);
+    }
+
+    /// Creates a topic on the broker at `bootstrap`, as the dev broker's pod reaches it.
+    fn create_topic_on(&self, bootstrap: &str, topic: &str, partitions: u32) {
         kubectl(&[
             "exec",
             "-n",
@@ -183,7 +188,7 @@ impl Cluster {
             "--",
             "/opt/kafka/bin/kafka-topics.sh",
             "--bootstrap-server",
-            "localhost:9092",
+            bootstrap,
             "--create",
             "--topic",
             topic,
@@ -209,6 +214,11 @@ impl Cluster {
     /// Produces `plays` events with the given event times through `topk produce` in a pod of
     /// the image under test: keyed `plays||key`, stamped with the event time.
     fn produce_at(&self, topic: &str, events: &[(i64, String)]) {
+        self.produce_on(&self.bootstrap(), topic, events);
+    }
+
+    /// [`Cluster::produce_at`] to the broker at `bootstrap`.
+    fn produce_on(&self, bootstrap: &str, topic: &str, events: &[(i64, String)]) {
         let mut lines = String::new();
         for (i, (time, key)) in events.iter().enumerate() {
             let event = json!({"event_time": time, "metric": "plays", "key": key,
@@ -230,7 +240,7 @@ impl Cluster {
             .args([
                 "produce",
                 "--bootstrap",
-                &self.bootstrap(),
+                bootstrap,
                 "--topic",
                 topic,
             ])
@@ -254,6 +264,19 @@ impl Cluster {
     }
 
     async fn apply_metric(&self, ns: &str, name: &str, topic: &str, workers: u32) {
+        self.apply_metric_on(&self.bootstrap(), ns, name, topic, workers)
+            .await;
+    }
+
+    /// [`Cluster::apply_metric`] on the broker at `bootstrap`.
+    async fn apply_metric_on(
+        &self,
+        bootstrap: &str,
+        ns: &str,
+        name: &str,
+        topic: &str,
+        workers: u32,
+    ) {
         let spec = format!(
             r#"
 shards: 4
@@ -265,7 +288,7 @@ windows:
   - {{name: all, allTime: true, bucket: 10s}}
 "#
         );
-        let manifest = metric_manifest(name, "plays", &self.bootstrap(), topic, &spec);
+        let manifest = metric_manifest(name, "plays", bootstrap, topic, &spec);
         let metric: TopKMetric = topk_api::load_manifest(&manifest).expect("manifest");
         Api::<TopKMetric>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &metric)
@@ -481,11 +504,46 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
     ]);
     let list: Value = serde_json::from_str(&list).expect("kubectl topk get -o json");
     assert_eq!(items(&list), top5(&counts), "kubectl topk get");
+    // `status` reads the metric and its assignment table: two workers, four shards.
     let status = kubectl(&["topk", "status", "plays", "-n", ns]);
-    assert!(
-        status.contains("song-11") || status.to_lowercase().contains("shard"),
-        "{status}"
-    );
+    assert!(status.contains("WORKERS 2/2 ready"), "{status}");
+    assert!(status.contains("leader song-11"), "{status}");
+    let shards = status
+        .lines()
+        .skip_while(|l| !l.contains("SHARD"))
+        .skip(1)
+        .take_while(|l| l.split_whitespace().count() == 3)
+        .count();
+    assert_eq!(shards, 4, "{status}");
+}
+
+#[tokio::test]
+async fn a_metric_counts_from_a_broker_outside_the_cluster() {
+    let Some(cluster) = Cluster::get("broker outside the cluster").await else {
+        return;
+    };
+    // On the test environment's node: its Kafka on the host, on the address pods route to.
+    let Ok(bootstrap) = std::env::var("TOPK_E2E_EXTERNAL_KAFKA") else {
+        let msg = "SKIPPED the outside broker: no TOPK_E2E_EXTERNAL_KAFKA (set by `e2e/run.sh testenv`)";
+        assert!(std::env::var("TOPK_REQUIRE_TESTENV").as_deref() != Ok("1"), "{msg}");
+        eprintln!("\n*** {msg} ***\n");
+        return;
+    };
+    let scenario = cluster.scenario("outside").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic_on(&bootstrap, &topic, 4);
+    cluster.apply_metric_on(&bootstrap, ns, "plays", &topic, 2).await;
+    let keys = plays(9);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let events: Vec<(i64, String)> = keys.iter().map(|k| (now, k.clone())).collect();
+    cluster.produce_on(&bootstrap, &topic, &events);
+    let mut counts = BTreeMap::new();
+    add(&mut counts, &keys);
+    await_exact(&cluster, ns, "plays", &counts).await;
 }
 
 #[tokio::test]

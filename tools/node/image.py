@@ -65,6 +65,9 @@ def dockerfile(path):
 
 def libs(rootfs, files):
     """Copies what `ldd` says each file loads into rootfs, keeping the paths."""
+    # Libraries the files find beside themselves (an RPATH of $ORIGIN, like the JRE's
+    # libjvm.so) are already in the rootfs; ldd run on one file alone cannot see them.
+    inside = {name for _, _, names in os.walk(rootfs) for name in names}
     needed = set()
     for path in files:
         result = subprocess.run(["ldd", path], capture_output=True, text=True)
@@ -75,6 +78,8 @@ def libs(rootfs, files):
             line = line.strip()
             if "=>" in line:
                 target = line.split("=>", 1)[1].split("(")[0].strip()
+                if target == "not found" and line.split("=>", 1)[0].strip() in inside:
+                    continue
                 if target == "not found" or not target:
                     sys.exit(f"image.py: {path} needs a library ldd cannot find: {line}")
                 needed.add(target)
