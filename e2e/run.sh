@@ -46,9 +46,13 @@ case "$mode" in
     [[ -n "${TOPK_NODE:-}" ]] || { echo "e2e: the test environment has no node; run scripts/testenv.sh node up" >&2; exit 1; }
     export KUBECONFIG="$TOPK_KUBECONFIG"
     PATH="$(dirname "$TOPK_KUBECTL"):$(dirname "$TOPK_HELM"):$PATH"
+    # The build scripts/test.sh made (same target directory and settings, so nothing rebuilds).
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${TOPK_CACHE:-$HOME/.cache/topk}/target}"
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
     # The binaries the tests were built with, packed as the Dockerfile's image would be.
-    cargo build --locked -p topk -p topk-operator --bins
+    # Workspace-wide, as the tests were built: one package alone unifies features differently
+    # and rebuilds half the dependencies.
+    cargo build --locked --workspace --bins
     PATH="$CARGO_TARGET_DIR/debug:$PATH"
     tag="$("$ROOT/scripts/image.sh" --print-tag)"
     "$ROOT/scripts/testenv.sh" node image "$CARGO_TARGET_DIR/debug" "$IMAGE:$tag"
@@ -74,4 +78,4 @@ export TOPK_E2E_RELEASE="$RELEASE"
 export TOPK_E2E_CHART="$ROOT/charts/topk-operator"
 export TOPK_E2E_HELM_ARGS="${helm_args[*]}"
 cd "$ROOT"
-cargo test --locked -p topk-e2e --test cluster -- --test-threads=1 --nocapture
+cargo test --locked --workspace --test cluster -- --test-threads=1 --nocapture

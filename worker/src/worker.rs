@@ -714,7 +714,8 @@ impl Worker {
         });
         let source = restored.as_ref().map_or("input", |(source, _)| *source);
         tracing::info!(shard, epoch, source, "taking the shard");
-        self.health
+        self.sink
+            .health
             .metrics
             .shard_restores
             .get_or_create(&SourceLabel { source })
