@@ -241,13 +241,7 @@ impl Cluster {
                 "--image-pull-policy=Never",
                 "--",
             ])
-            .args([
-                "produce",
-                "--bootstrap",
-                bootstrap,
-                "--topic",
-                topic,
-            ])
+            .args(["produce", "--bootstrap", bootstrap, "--topic", topic])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -281,6 +275,20 @@ impl Cluster {
         topic: &str,
         workers: u32,
     ) {
+        self.apply_metric_with(bootstrap, ns, name, topic, workers, &[])
+            .await;
+    }
+
+    /// [`Cluster::apply_metric_on`] with annotations on the new metric.
+    async fn apply_metric_with(
+        &self,
+        bootstrap: &str,
+        ns: &str,
+        name: &str,
+        topic: &str,
+        workers: u32,
+        annotations: &[(&str, &str)],
+    ) {
         let spec = format!(
             r#"
 shards: 4
@@ -293,7 +301,12 @@ windows:
 "#
         );
         let manifest = metric_manifest(name, "plays", bootstrap, topic, &spec);
-        let metric: TopKMetric = topk_api::load_manifest(&manifest).expect("manifest");
+        let mut metric: TopKMetric = topk_api::load_manifest(&manifest).expect("manifest");
+        for (key, value) in annotations {
+            metric
+                .annotations_mut()
+                .insert((*key).to_owned(), (*value).to_owned());
+        }
         Api::<TopKMetric>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &metric)
             .await
@@ -514,9 +527,12 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
     assert!(status.contains("leader song-11"), "{status}");
     let shards = status
         .lines()
-        .skip_while(|l| !l.contains("SHARD"))
+        .skip_while(|l| l.split_whitespace().next() != Some("SHARD"))
         .skip(1)
-        .take_while(|l| l.split_whitespace().count() == 3)
+        .take_while(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            fields.len() == 3 && fields.iter().all(|f| f.parse::<u64>().is_ok())
+        })
         .count();
     assert_eq!(shards, 4, "{status}");
 }
@@ -528,8 +544,12 @@ async fn a_metric_counts_from_a_broker_outside_the_cluster() {
     };
     // On the test environment's node: its Kafka on the host, on the address pods route to.
     let Ok(bootstrap) = std::env::var("TOPK_E2E_EXTERNAL_KAFKA") else {
-        let msg = "SKIPPED the outside broker: no TOPK_E2E_EXTERNAL_KAFKA (set by `e2e/run.sh testenv`)";
-        assert!(std::env::var("TOPK_REQUIRE_TESTENV").as_deref() != Ok("1"), "{msg}");
+        let msg =
+            "SKIPPED the outside broker: no TOPK_E2E_EXTERNAL_KAFKA (set by `e2e/run.sh testenv`)";
+        assert!(
+            std::env::var("TOPK_REQUIRE_TESTENV").as_deref() != Ok("1"),
+            "{msg}"
+        );
         eprintln!("\n*** {msg} ***\n");
         return;
     };
@@ -537,7 +557,9 @@ async fn a_metric_counts_from_a_broker_outside_the_cluster() {
     let ns = scenario.ns.as_str();
     let topic = format!("{ns}-plays");
     cluster.create_topic_on(&bootstrap, &topic, 4);
-    cluster.apply_metric_on(&bootstrap, ns, "plays", &topic, 2).await;
+    cluster
+        .apply_metric_on(&bootstrap, ns, "plays", &topic, 2)
+        .await;
     let keys = plays(9);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -714,18 +736,20 @@ async fn an_hourly_recount_advances_exact_until() {
         .map(|(i, key)| (hour + 60_000 + i as i64 * 1_000, key.clone()))
         .collect();
     cluster.produce_at(&topic, &events);
-    cluster.apply_metric(&ns, "plays", &topic, 2).await;
     let from = k8s_openapi::jiff::Timestamp::from_millisecond(hour)
         .expect("hour")
         .to_string();
-    Api::<TopKMetric>::namespaced(cluster.client.clone(), &ns)
-        .patch(
+    // The annotation counts when the metric is created (the operator's first plan).
+    cluster
+        .apply_metric_with(
+            &cluster.bootstrap(),
+            &ns,
             "plays",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": {"topk.io/recount-from": from}}})),
+            &topic,
+            2,
+            &[("topk.io/recount-from", from.as_str())],
         )
-        .await
-        .expect("annotate");
+        .await;
     let second_hour = k8s_openapi::jiff::Timestamp::from_millisecond(hour + 3_600_000)
         .expect("hour")
         .to_string();
