@@ -56,6 +56,9 @@ if [[ "$status" == 0 ]]; then
   if [[ -n "$e2e_on_node" ]]; then
     step "the test environment's node: containerd, kubelet, scheduler, kube-proxy, CoreDNS, volumes"
     started=$SECONDS
+    # A fresh control plane and broker: the suite above leaves its CRD, namespaces and Pods
+    # (which a real node would then try to run) behind, and the chart must install from nothing.
+    ./scripts/testenv.sh up
     ./scripts/testenv.sh node up
     echo "node ready in $((SECONDS - started))s"
     step "end to end on the node (e2e/run.sh testenv)"
