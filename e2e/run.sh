@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end on a real cluster: installs the chart (operator and dev Kafka) with the image
-# under test and runs the scenarios of e2e/tests/cluster.rs against it.
+# under test and runs the scenarios of e2e/tests/e2e.rs against it.
 #
 #   e2e/run.sh            on kind (Docker, kind, kubectl, helm, cargo): creates the cluster of
 #                         e2e/kind.yaml unless it exists (kept for a rerun), builds the image
@@ -78,4 +78,4 @@ export TOPK_E2E_RELEASE="$RELEASE"
 export TOPK_E2E_CHART="$ROOT/charts/topk-operator"
 export TOPK_E2E_HELM_ARGS="${helm_args[*]}"
 cd "$ROOT"
-cargo test --locked --workspace --test cluster -- --test-threads=1 --nocapture
+cargo test --locked --workspace --test e2e -- --test-threads=1 --nocapture

@@ -454,15 +454,6 @@ node_network_down() {
 }
 
 cmd_node_status() {
-  local ok=0 name
-  for name in containerd kubelet kube-proxy kube-scheduler coredns provisioner; do
-    if pid="$(our_pid "$name")"; then
-      printf '%-24s running (pid %s)\n' "$name" "$pid"
-    else
-      printf '%-24s not running\n' "$name"
-      ok=1
-    fi
-  done
-  ((ok == 0)) && node_kubectl get nodes -o wide
-  return "$ok"
+  show_processes containerd kubelet kube-proxy kube-scheduler coredns provisioner || return 1
+  node_kubectl get nodes -o wide
 }

@@ -351,10 +351,10 @@ cmd_down() {
   log "stopped"
 }
 
-cmd_status() {
-  local ok=0
-  for name in kafka etcd kube-apiserver kube-controller-manager; do
-    local pid
+# One line per process `up` started as NAME...; fails when one is not running.
+show_processes() {
+  local ok=0 name pid
+  for name in "$@"; do
     if pid="$(our_pid "$name")"; then
       printf '%-24s running (pid %s)\n' "$name" "$pid"
     else
@@ -362,6 +362,12 @@ cmd_status() {
       ok=1
     fi
   done
+  return "$ok"
+}
+
+cmd_status() {
+  local ok=0
+  show_processes kafka etcd kube-apiserver kube-controller-manager || ok=1
   [[ -f "$ENV_FILE" ]] && cat "$ENV_FILE"
   return "$ok"
 }

@@ -177,6 +177,16 @@ impl Cluster {
         }
     }
 
+    /// The usual start of a scenario: its namespace, a 4-partition topic on the dev Kafka, and
+    /// a `plays` metric on it with two workers.
+    async fn start(&self, prefix: &str) -> (Scenario, String) {
+        let scenario = self.scenario(prefix).await;
+        let topic = format!("{}-plays", scenario.ns);
+        self.create_topic(&topic, 4);
+        self.apply_metric(&scenario.ns, "plays", &topic, 2).await;
+        (scenario, topic)
+    }
+
     /// Creates a topic with the broker's own tool, in the dev broker's pod.
     fn create_topic(&self, topic: &str, partitions: u32) {
         self.create_topic_on("localhost:9092", topic, partitions);
@@ -380,6 +390,25 @@ windows:
     }
 }
 
+/// What `e2e/run.sh testenv` sets in `var` for a scenario that only the test environment's
+/// node can run; `None` (skipped loudly, or a failure under `TOPK_REQUIRE_TESTENV=1`) elsewhere.
+fn node_only(var: &str, what: &str) -> Option<String> {
+    if std::env::var("TOPK_E2E_LATER").as_deref() == Ok("1") {
+        eprintln!("{what}: runs later, on the test environment's node (scripts/test.sh)");
+        return None;
+    }
+    if let Ok(value) = std::env::var(var) {
+        return Some(value);
+    }
+    let msg = format!("SKIPPED {what}: no {var} (set by `e2e/run.sh testenv`)");
+    assert!(
+        std::env::var("TOPK_REQUIRE_TESTENV").as_deref() != Ok("1"),
+        "{msg}"
+    );
+    eprintln!("\n*** {msg} ***\n");
+    None
+}
+
 fn pod_ready(pod: &Pod) -> bool {
     pod.status.as_ref().is_some_and(|s| {
         s.conditions
@@ -392,6 +421,22 @@ fn pod_ready(pod: &Pod) -> bool {
 /// The shard restore counter of a worker, by source (`local`, `handoff`, `input`).
 fn restores(source: &str) -> String {
     format!("topk_worker_shard_restores_total{{source=\"{source}\"}}")
+}
+
+/// Asserts that worker `pod` took at least one shard from `source` and none by counting its
+/// input again (`topk_worker_shard_restores_total`), so a broken checkpoint or handoff fails.
+async fn assert_restored_from(cluster: &Cluster, ns: &str, pod: &str, source: &str) {
+    let from_source = await_some(&format!("{pod}'s restore counters"), WAIT, || async {
+        cluster.worker_counter(ns, pod, &restores(source)).await
+    })
+    .await;
+    let from_input = cluster.worker_counter(ns, pod, &restores("input")).await;
+    assert!(from_source >= 1.0, "{pod} took no shard from {source}");
+    assert_eq!(
+        from_input,
+        Some(0.0),
+        "{pod} counted a shard from its input again"
+    );
 }
 
 /// `song-i` played `i + 1` times, i in 0..12, shuffled deterministically.
@@ -417,6 +462,20 @@ fn add(counts: &mut BTreeMap<String, u64>, keys: &[String]) {
     for key in keys {
         *counts.entry(key.clone()).or_default() += 1;
     }
+}
+
+/// Produces round `round` of [`plays`] and waits until the lists count it with the rest.
+async fn play_round(
+    cluster: &Cluster,
+    ns: &str,
+    topic: &str,
+    counts: &mut BTreeMap<String, u64>,
+    round: u64,
+) {
+    let keys = plays(round);
+    cluster.produce(topic, &keys);
+    add(counts, &keys);
+    await_exact(cluster, ns, "plays", counts).await;
 }
 
 async fn await_exact(cluster: &Cluster, ns: &str, name: &str, counts: &BTreeMap<String, u64>) {
@@ -473,11 +532,8 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
     let Some(cluster) = Cluster::get("known stream").await else {
         return;
     };
-    let scenario = cluster.scenario("known").await;
+    let (scenario, topic) = cluster.start("known").await;
     let ns = scenario.ns.as_str();
-    let topic = format!("{ns}-plays");
-    cluster.create_topic(&topic, 4);
-    cluster.apply_metric(ns, "plays", &topic, 2).await;
     let keys = plays(0);
     cluster.produce(&topic, &keys);
     let mut counts = BTreeMap::new();
@@ -543,14 +599,7 @@ async fn a_metric_counts_from_a_broker_outside_the_cluster() {
         return;
     };
     // On the test environment's node: its Kafka on the host, on the address pods route to.
-    let Ok(bootstrap) = std::env::var("TOPK_E2E_EXTERNAL_KAFKA") else {
-        let msg =
-            "SKIPPED the outside broker: no TOPK_E2E_EXTERNAL_KAFKA (set by `e2e/run.sh testenv`)";
-        assert!(
-            std::env::var("TOPK_REQUIRE_TESTENV").as_deref() != Ok("1"),
-            "{msg}"
-        );
-        eprintln!("\n*** {msg} ***\n");
+    let Some(bootstrap) = node_only("TOPK_E2E_EXTERNAL_KAFKA", "the outside broker") else {
         return;
     };
     let scenario = cluster.scenario("outside").await;
@@ -577,16 +626,10 @@ async fn a_worker_pod_killed_mid_stream_loses_nothing_and_keeps_its_volume() {
     let Some(cluster) = Cluster::get("killed worker").await else {
         return;
     };
-    let scenario = cluster.scenario("kill").await;
+    let (scenario, topic) = cluster.start("kill").await;
     let ns = scenario.ns.as_str();
-    let topic = format!("{ns}-plays");
-    cluster.create_topic(&topic, 4);
-    cluster.apply_metric(ns, "plays", &topic, 2).await;
     let mut counts = BTreeMap::new();
-    let first = plays(1);
-    cluster.produce(&topic, &first);
-    add(&mut counts, &first);
-    await_exact(&cluster, ns, "plays", &counts).await;
+    play_round(&cluster, ns, &topic, &mut counts, 1).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
     let claim = claims
@@ -599,10 +642,7 @@ async fn a_worker_pod_killed_mid_stream_loses_nothing_and_keeps_its_volume() {
     pods.delete("plays-worker-1", &DeleteParams::default().grace_period(0))
         .await
         .expect("kill worker 1");
-    let second = plays(2);
-    cluster.produce(&topic, &second);
-    add(&mut counts, &second);
-    await_exact(&cluster, ns, "plays", &counts).await;
+    play_round(&cluster, ns, &topic, &mut counts, 2).await;
     // The StatefulSet's new pod is another pod on the same claim and volume, and took its
     // shards from the checkpoint on that volume, not from a snapshot or the input.
     let new = await_some("worker 1 back and ready", WAIT, || async {
@@ -617,21 +657,7 @@ async fn a_worker_pod_killed_mid_stream_loses_nothing_and_keeps_its_volume() {
         volume,
         "another volume"
     );
-    let local = await_some("worker 1's restore counters", WAIT, || async {
-        cluster
-            .worker_counter(ns, &new.name_any(), &restores("local"))
-            .await
-    })
-    .await;
-    let input = cluster
-        .worker_counter(ns, &new.name_any(), &restores("input"))
-        .await;
-    assert!(local >= 1.0, "worker 1 restored no shard from its volume");
-    assert_eq!(
-        input,
-        Some(0.0),
-        "worker 1 recounted a shard from the input"
-    );
+    assert_restored_from(&cluster, ns, &new.name_any(), "local").await;
 }
 
 #[tokio::test]
@@ -639,11 +665,8 @@ async fn scaling_out_and_back_keeps_the_lists_exact_through_handoff_snapshots() 
     let Some(cluster) = Cluster::get("scale").await else {
         return;
     };
-    let scenario = cluster.scenario("scale").await;
+    let (scenario, topic) = cluster.start("scale").await;
     let ns = scenario.ns.as_str();
-    let topic = format!("{ns}-plays");
-    cluster.create_topic(&topic, 4);
-    cluster.apply_metric(ns, "plays", &topic, 2).await;
     let mut counts = BTreeMap::new();
     for (round, replicas) in [(3u64, 3), (4, 2), (5, 2)] {
         let keys = plays(round);
@@ -654,22 +677,7 @@ async fn scaling_out_and_back_keeps_the_lists_exact_through_handoff_snapshots() 
         await_exact(&cluster, ns, "plays", &counts).await;
         if replicas == 3 {
             // The new worker's shards came from their previous owners' release snapshots.
-            let handoff = cluster
-                .worker_counter(ns, "plays-worker-2", &restores("handoff"))
-                .await
-                .expect("worker 2's metrics");
-            let input = cluster
-                .worker_counter(ns, "plays-worker-2", &restores("input"))
-                .await;
-            assert!(
-                handoff >= 1.0,
-                "worker 2 took no shard from a handoff snapshot"
-            );
-            assert_eq!(
-                input,
-                Some(0.0),
-                "worker 2 recounted a shard from the input"
-            );
+            assert_restored_from(&cluster, ns, "plays-worker-2", "handoff").await;
         }
     }
 }
@@ -679,16 +687,10 @@ async fn the_operator_killed_mid_rescale_resumes_it() {
     let Some(cluster) = Cluster::get("operator killed").await else {
         return;
     };
-    let scenario = cluster.scenario("opkill").await;
+    let (scenario, topic) = cluster.start("opkill").await;
     let ns = scenario.ns.as_str();
-    let topic = format!("{ns}-plays");
-    cluster.create_topic(&topic, 4);
-    cluster.apply_metric(ns, "plays", &topic, 2).await;
     let mut counts = BTreeMap::new();
-    let keys = plays(7);
-    cluster.produce(&topic, &keys);
-    add(&mut counts, &keys);
-    await_exact(&cluster, ns, "plays", &counts).await;
+    play_round(&cluster, ns, &topic, &mut counts, 7).await;
     cluster.scale(ns, 3).await;
     // Kill every operator pod once the rescale is under way; the Deployment brings new ones,
     // one takes the Lease and finishes the step the status recorded.
@@ -778,11 +780,8 @@ async fn an_unchanged_helm_upgrade_rolls_nothing() {
     let Some(cluster) = Cluster::get("helm upgrade").await else {
         return;
     };
-    let scenario = cluster.scenario("upgrade").await;
+    let (scenario, _topic) = cluster.start("upgrade").await;
     let ns = scenario.ns.clone();
-    let topic = format!("{ns}-plays");
-    cluster.create_topic(&topic, 4);
-    cluster.apply_metric(&ns, "plays", &topic, 2).await;
     let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), &ns);
     await_some("the worker StatefulSet", WAIT, || async {
         sets.get_opt("plays-worker").await.ok()?
@@ -838,11 +837,8 @@ async fn deleting_the_metric_removes_what_it_created() {
     let Some(cluster) = Cluster::get("delete").await else {
         return;
     };
-    let scenario = cluster.scenario("delete").await;
+    let (scenario, _topic) = cluster.start("delete").await;
     let ns = scenario.ns.clone();
-    let topic = format!("{ns}-plays");
-    cluster.create_topic(&topic, 4);
-    cluster.apply_metric(&ns, "plays", &topic, 2).await;
     let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), &ns);
     await_some("the StatefulSets", WAIT, || async {
         (sets.list(&ListParams::default()).await.ok()?.items.len() == 2).then_some(())
@@ -903,18 +899,7 @@ fn dockerfile_runtime(text: &str) -> (Value, String, Vec<String>, Vec<String>, V
 fn the_node_image_matches_the_dockerfile() {
     // Only where the image was made without Docker (`e2e/run.sh testenv`); on kind the image
     // is the Dockerfile's own build.
-    if std::env::var("TOPK_E2E_LATER").as_deref() == Ok("1") {
-        eprintln!("the node image check runs later, with the node's suite (scripts/test.sh)");
-        return;
-    }
-    let Ok(archive) = std::env::var("TOPK_E2E_IMAGE_ARCHIVE") else {
-        let msg =
-            "SKIPPED the node image check: no TOPK_E2E_IMAGE_ARCHIVE (set by `e2e/run.sh testenv`)";
-        assert!(
-            std::env::var("TOPK_REQUIRE_TESTENV").as_deref() != Ok("1"),
-            "{msg}"
-        );
-        eprintln!("\n*** {msg} ***\n");
+    let Some(archive) = node_only("TOPK_E2E_IMAGE_ARCHIVE", "the node image check") else {
         return;
     };
     let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile"))
