@@ -385,7 +385,7 @@ EOF
 }
 
 # Stops the node and removes what it made: pods' processes, mounts, network namespaces,
-# iptables chains, interfaces; the sysctls it changed are restored.
+# iptables chains, the pods' bridge.
 cmd_node_down() {
   local name pid
   for name in provisioner coredns kube-scheduler kubelet kube-proxy; do
@@ -423,18 +423,15 @@ cmd_node_down() {
   if [[ -x "$KUBE_BIN/kube-proxy" && -f "$NODE/kube-proxy.yaml" ]]; then
     "$KUBE_BIN/kube-proxy" --cleanup --config "$NODE/kube-proxy.yaml" >/dev/null 2>&1 || true
   fi
-  # What is left of the CNI plugins' and kube-proxy's chains, and the guard.
+  # What is left of the CNI plugins' and kube-proxy's chains (the guard stays with `up`).
   local save
   for save in iptables ip6tables; do
     command -v "$save-save" >/dev/null || continue
-    if "$save-save" | grep -qE "CNI-|KUBE-|$GUARD_CHAIN"; then
-      "$save-save" | grep -vE "CNI-|KUBE-|$GUARD_CHAIN" | "$save-restore" || true
+    if "$save-save" | grep -qE "CNI-|KUBE-"; then
+      "$save-save" | grep -vE "CNI-|KUBE-" | "$save-restore" || true
     fi
   done
   ip link show "$POD_BRIDGE" >/dev/null 2>&1 && ip link delete "$POD_BRIDGE"
-  [[ -f "$RUN/ip_forward.saved" ]] && cat "$RUN/ip_forward.saved" >/proc/sys/net/ipv4/ip_forward
-  [[ -f "$RUN/bridge-nf-call-iptables.saved" ]] \
-    && cat "$RUN/bridge-nf-call-iptables.saved" >/proc/sys/net/bridge/bridge-nf-call-iptables
   if [[ -f "$ENV_FILE" ]]; then
     sed -i -e '/^export TOPK_NODE=/d' -e '/^export TOPK_KUBECTL=/d' -e '/^export TOPK_CONTAINERD_SOCK=/d' \
       -e '/^export TOPK_NODE_KAFKA_IMAGE=/d' "$ENV_FILE"
@@ -442,7 +439,8 @@ cmd_node_down() {
   return 0
 }
 
-# The host interface goes with the control plane, which binds its address.
+# The host interface, the guard and the sysctls go with the control plane, which set them up
+# and binds the interface's address.
 node_network_down() {
   ip link show "$NODE_IF" >/dev/null 2>&1 && ip link delete "$NODE_IF"
   if iptables -S "$GUARD_CHAIN" >/dev/null 2>&1; then
@@ -450,6 +448,8 @@ node_network_down() {
     iptables -F "$GUARD_CHAIN" && iptables -X "$GUARD_CHAIN"
   fi
   [[ -f "$RUN/ip_forward.saved" ]] && cat "$RUN/ip_forward.saved" >/proc/sys/net/ipv4/ip_forward
+  [[ -f "$RUN/bridge-nf-call-iptables.saved" ]] \
+    && cat "$RUN/bridge-nf-call-iptables.saved" >/proc/sys/net/bridge/bridge-nf-call-iptables
   return 0
 }
 

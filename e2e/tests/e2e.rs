@@ -12,9 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Service, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -151,25 +149,9 @@ impl Cluster {
     /// A fresh namespace for one scenario, once its default ServiceAccount exists (the
     /// apiserver admits no Pod before).
     async fn scenario(&self, prefix: &str) -> Scenario {
-        let name = format!(
-            "{prefix}-{}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock")
-                .as_millis()
-                % 1_000_000_000
-        );
-        let ns: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-        Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &ns)
+        let name = topk_testenv::fresh_namespace(&self.client, prefix)
             .await
-            .expect("create namespace");
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &name);
-        await_some("the namespace's default ServiceAccount", WAIT, || async {
-            accounts.get_opt("default").await.ok().flatten()
-        })
-        .await;
+            .expect("namespace");
         Scenario {
             ns: name,
             system: self.system.clone(),

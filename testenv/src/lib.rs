@@ -256,27 +256,32 @@ impl TestEnv {
         Ok(Client::try_from(config)?)
     }
 
-    /// Creates a fresh namespace for one test.
+    /// Creates a fresh namespace for one test (see [`fresh_namespace`]).
     pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String, TestEnvError> {
-        let name = unique_name(prefix);
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-        }))
-        .map_err(|e| TestEnvError::Kube(kube::Error::SerdeError(e)))?;
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await?;
-        // The apiserver admits a Pod only once its ServiceAccount exists, and the controller
-        // manager creates a namespace's `default` one just after the namespace.
-        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-        await_some(
-            &format!("the default ServiceAccount of {name}"),
-            Duration::from_secs(30),
-            || async { accounts.get_opt("default").await.ok().flatten() },
-        )
-        .await;
-        Ok(name)
+        fresh_namespace(client, prefix).await
     }
+}
+
+/// Creates a namespace named after `prefix` and waits for its default ServiceAccount: the
+/// apiserver admits a Pod only once its ServiceAccount exists, and the controller manager
+/// creates a namespace's `default` one just after the namespace.
+pub async fn fresh_namespace(client: &Client, prefix: &str) -> Result<String, TestEnvError> {
+    let name = unique_name(prefix);
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+    }))
+    .map_err(|e| TestEnvError::Kube(kube::Error::SerdeError(e)))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+    await_some(
+        &format!("the default ServiceAccount of {name}"),
+        Duration::from_secs(30),
+        || async { accounts.get_opt("default").await.ok().flatten() },
+    )
+    .await;
+    Ok(name)
 }
 
 /// Server-side applies a CRD and waits until the apiserver serves it.

@@ -14,10 +14,30 @@ pub struct ReasonLabel {
 }
 
 /// Where a shard's state came from when this worker took it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreSource {
+    /// This worker's own checkpoint.
+    Local,
+    /// The previous owner's snapshot on the handoff topic.
+    Handoff,
+    /// No usable state: counted again from the oldest retained offset.
+    Input,
+}
+
+impl RestoreSource {
+    pub const ALL: [RestoreSource; 3] = [Self::Local, Self::Handoff, Self::Input];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Handoff => "handoff",
+            Self::Input => "input",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
-    /// `local` (this worker's own checkpoint), `handoff` (the snapshot topic) or `input` (no
-    /// usable state: counted again from the oldest retained offset).
     pub source: &'static str,
 }
 
@@ -60,8 +80,10 @@ impl Default for WorkerMetrics {
             kafka_errors: Counter::default(),
             registry: Registry::default(),
         };
-        for source in ["local", "handoff", "input"] {
-            let _ = m.shard_restores.get_or_create(&SourceLabel { source });
+        for source in RestoreSource::ALL {
+            let _ = m.shard_restores.get_or_create(&SourceLabel {
+                source: source.as_str(),
+            });
         }
         for reason in RejectReason::ALL {
             // Every reason is exported from the start, at zero.

@@ -30,7 +30,7 @@ use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::error::Error;
 use crate::handoff;
 use crate::input::{InputConsumer, InputMessage};
-use crate::metrics::{ShardLabel, SourceLabel, WorkerMetrics};
+use crate::metrics::{RestoreSource, ShardLabel, SourceLabel, WorkerMetrics};
 use crate::output::{DeliveryCounter, send};
 
 /// Everything a worker needs to know, resolved from its flags and the rendered config.
@@ -695,8 +695,8 @@ impl Worker {
             std::thread::sleep(Duration::from_millis(200));
         };
         let newest = [
-            local.map(|cp| ("local", cp)),
-            remote.map(|cp| ("handoff", cp)),
+            local.map(|cp| (RestoreSource::Local, cp)),
+            remote.map(|cp| (RestoreSource::Handoff, cp)),
         ]
         .into_iter()
         .flatten()
@@ -712,7 +712,10 @@ impl Worker {
                 }
             }
         });
-        let source = restored.as_ref().map_or("input", |(source, _)| *source);
+        let source = restored
+            .as_ref()
+            .map_or(RestoreSource::Input, |(source, _)| *source)
+            .as_str();
         tracing::info!(shard, epoch, source, "taking the shard");
         self.sink
             .health
