@@ -34,8 +34,9 @@ case "$mode" in
     "$ROOT/scripts/image.sh"
     kind load docker-image --name "$CLUSTER" "$IMAGE:$tag"
     kafka_args=()
-    # The scenarios also drive the kubectl plugin.
-    cargo build --locked -p topk --bin kubectl-topk
+    # The scenarios also drive the kubectl plugin. Built workspace-wide, the selection the
+    # suite is built with below, so that one build serves both.
+    cargo build --locked --workspace --bins
     PATH="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug:$PATH"
     ;;
   testenv)
