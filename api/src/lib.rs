@@ -3,6 +3,7 @@
 
 pub mod assignment;
 pub mod crd;
+pub mod dataplane;
 pub mod duration;
 pub mod error;
 pub mod manifest;
@@ -10,6 +11,7 @@ pub mod names;
 pub mod record;
 pub mod topics;
 
+pub use dataplane::{CONFIG_KEY, Component, DataPlaneConfig, DenyList};
 pub use duration::Duration;
 pub use error::ApiError;
 pub use manifest::{DEFAULT_MANIFEST, TopKMetric, TopKMetricSpec, TopKMetricStatus, load_manifest};

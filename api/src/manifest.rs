@@ -115,10 +115,15 @@ pub struct TopKMetricSpec {
     /// Reducer pods (merge and query API).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reducers: Option<ReducersSpec>,
-    /// Keys removed from every published list (counting is untouched).
+    /// Keys removed from every published list (counting is untouched). Changes apply live,
+    /// at the reducers' next publication, without restarting pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10000))]
     pub deny_keys: Vec<String>,
+    /// More denied keys, one per line, from a key of a ConfigMap in the metric's namespace:
+    /// for lists too long or too private for the spec. Read live, like `denyKeys`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_keys_from: Option<DenyKeysFrom>,
     /// Stops every change the operator would make, and says so in a condition.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
@@ -180,6 +185,23 @@ const DEFAULT_RECOUNT_BACKFILL: Duration = Duration::from_millis(24 * 3_600_000)
 const DEFAULT_RECOUNT_CONCURRENCY: u32 = 2;
 const DEFAULT_RECOUNT_IN_MEMORY: u32 = 1_000_000;
 const DEFAULT_MIN_RECALL: f64 = 0.9;
+
+/// Where more denied keys come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DenyKeysFrom {
+    pub config_map_key_ref: ConfigMapKey,
+}
+
+/// A key of a ConfigMap in the TopKMetric's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigMapKey {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -265,29 +287,6 @@ pub struct WorkersSpec {
     /// snapshot (default 30s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff_wait: Option<Duration>,
-}
-
-impl WorkersSpec {
-    /// The worker flags these fields set, as `(field, flag, value)`, for the pods' arguments.
-    pub fn timing_flags(&self) -> Vec<(&'static str, &'static str, Duration)> {
-        [
-            (
-                "checkpointInterval",
-                "--checkpoint-interval",
-                self.checkpoint_interval,
-            ),
-            (
-                "snapshotInterval",
-                "--snapshot-interval",
-                self.snapshot_interval,
-            ),
-            ("idleTimeout", "--idle-timeout", self.idle_timeout),
-            ("handoffWait", "--handoff-wait", self.handoff_wait),
-        ]
-        .into_iter()
-        .filter_map(|(field, flag, value)| value.map(|v| (field, flag, v)))
-        .collect()
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -614,10 +613,23 @@ impl TopKMetricSpec {
             problems.push("spec.recount.backfill must be at least 1h".to_owned());
         }
         if let Some(workers) = &self.workers {
-            for (field, _, value) in workers.timing_flags() {
-                if value.as_millis() <= 0 {
+            let timing = [
+                ("checkpointInterval", workers.checkpoint_interval),
+                ("snapshotInterval", workers.snapshot_interval),
+                ("idleTimeout", workers.idle_timeout),
+                ("handoffWait", workers.handoff_wait),
+            ];
+            for (field, value) in timing {
+                if value.is_some_and(|v| v.as_millis() <= 0) {
                     problems.push(format!("spec.workers.{field} must be positive"));
                 }
+            }
+        }
+        if let Some(from) = &self.deny_keys_from {
+            let r = &from.config_map_key_ref;
+            if r.name.trim().is_empty() || r.key.trim().is_empty() {
+                problems
+                    .push("spec.denyKeysFrom.configMapKeyRef needs both name and key".to_owned());
             }
         }
         if self.windows.is_empty() {

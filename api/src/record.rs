@@ -151,6 +151,12 @@ pub struct ExactHourManifest {
     /// Distinct (scope, key) pairs.
     pub keys: u64,
     pub config_version: String,
+    /// The recount settings the hour was counted with: how long after the hour's end input
+    /// was read, and the in-memory bound before spilling (0 when written by an older version).
+    #[serde(default)]
+    pub grace_ms: i64,
+    #[serde(default)]
+    pub max_in_memory: u64,
     pub duration_ms: u64,
 }
 

@@ -2,7 +2,8 @@
 //! the workers and the reducers. Namespaced, so equal metric names in two namespaces do not
 //! collide.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TopicNames {
     /// Worker -> reducer shard summaries.
     pub summaries: String,

@@ -1,39 +1,27 @@
-//! What `topk worker` and `topk reducer` share: the config they load, the names they derive,
-//! where they listen and how they reach the control plane.
+//! What `topk worker`, `topk reducer` and `topk recount` share: the config they run by (the
+//! one the operator renders), their identity, where they listen and how they reach the control
+//! plane.
 
 use std::path::PathBuf;
 
 use clap::Args;
-use topk_api::TopKMetricSpec;
+use topk_api::DataPlaneConfig;
 use topk_worker::ControlPlane;
 
 use crate::error::CliError;
 
-/// Which metric, under which config, on which broker: what every data-plane command reads.
+/// The config every data-plane command runs by.
 #[derive(Args)]
 pub struct ConfigArgs {
-    /// The rendered config (`metric.json` from the operator) or a TopKMetric manifest.
+    /// The rendered config (`metric.json`, as the operator mounts it) or a TopKMetric
+    /// manifest, which is turned into that config the same way.
     #[arg(long)]
     pub config: PathBuf,
-    /// The TopKMetric's name (default: the one in the config).
-    #[arg(long)]
-    pub metric_name: Option<String>,
-    /// Namespace of the TopKMetric (names the internal topics and ConfigMaps).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    pub namespace: String,
-    /// Overrides the config's Kafka bootstrap servers.
-    #[arg(long)]
-    pub bootstrap: Option<String>,
 }
 
 impl ConfigArgs {
-    pub fn load(&self) -> Result<Loaded, CliError> {
-        let (config_name, spec, version) = topk_worker::load_config(&self.config)?;
-        Ok(Loaded {
-            name: self.metric_name.clone().unwrap_or(config_name),
-            spec,
-            version,
-        })
+    pub fn load(&self) -> Result<DataPlaneConfig, CliError> {
+        Ok(topk_worker::load_config(&self.config)?)
     }
 }
 
@@ -53,13 +41,6 @@ pub struct DataPlaneArgs {
     /// Address of the HTTP endpoints.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: String,
-}
-
-/// The loaded config: object name, spec and config version.
-pub struct Loaded {
-    pub name: String,
-    pub spec: TopKMetricSpec,
-    pub version: String,
 }
 
 impl DataPlaneArgs {
@@ -83,8 +64,13 @@ impl DataPlaneArgs {
         })
     }
 
-    /// The assignment file if given, else the API; `report` is the worker's report file.
-    pub async fn control(&self, report: Option<PathBuf>) -> Result<ControlPlane, CliError> {
+    /// The assignment file if given, else the API in the config's namespace; `report` is the
+    /// worker's report file.
+    pub async fn control(
+        &self,
+        config: &DataPlaneConfig,
+        report: Option<PathBuf>,
+    ) -> Result<ControlPlane, CliError> {
         Ok(match &self.assignment_file {
             Some(assignment) => ControlPlane::Files {
                 assignment: assignment.clone(),
@@ -92,7 +78,7 @@ impl DataPlaneArgs {
             },
             None => ControlPlane::Kubernetes {
                 client: self.client().await?,
-                namespace: self.config.namespace.clone(),
+                namespace: config.namespace.clone(),
             },
         })
     }
@@ -102,9 +88,4 @@ impl DataPlaneArgs {
         tracing::info!("listening on http://{addr}");
         Ok(listener)
     }
-}
-
-/// A duration flag as the std type (at least 1 ms).
-pub fn millis(d: topk_api::Duration) -> std::time::Duration {
-    std::time::Duration::from_millis(d.as_millis().max(1) as u64)
 }

@@ -35,6 +35,11 @@ impl Ingestor {
         &self.pipeline
     }
 
+    /// Keys left out of the lists published from now on.
+    pub fn set_deny(&mut self, keys: topk_api::DenyList) {
+        self.pipeline.set_deny(keys);
+    }
+
     pub fn line(&mut self, line: &str, now_ms: i64) -> IngestOutcome {
         let outcome = self.pipeline.ingest_line(line, now_ms, &mut self.published);
         self.state.metrics.record(outcome);

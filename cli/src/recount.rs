@@ -20,10 +20,6 @@ pub struct RecountArgs {
     /// Scratch space for counts and event ids beyond memory (emptied first).
     #[arg(long, default_value = "/var/lib/topk/recount")]
     pub spill_dir: PathBuf,
-    /// Distinct (scope, key) pairs, and as many event ids, held in memory before they spill to
-    /// disk; overrides the spec's `recount.maxInMemory` (default 1000000).
-    #[arg(long)]
-    pub max_in_memory: Option<usize>,
     /// Where the manifest also goes when that file's directory exists (Kubernetes shows it
     /// as the container's termination message).
     #[arg(long, default_value = "/dev/termination-log")]
@@ -31,27 +27,15 @@ pub struct RecountArgs {
 }
 
 pub async fn recount(args: RecountArgs) -> Result<(), CliError> {
-    let loaded = args.config.load()?;
+    let config = args.config.load()?;
     let hour = parse_rfc3339_ms(&args.hour).ok_or_else(|| {
         CliError::Usage(format!(
             "--hour {:?} is not an RFC 3339 time (e.g. 2026-09-01T19:00:00Z)",
             args.hour
         ))
     })?;
-    let mut settings = topk_recount::settings(
-        &loaded.name,
-        &loaded.spec,
-        &args.config.namespace,
-        loaded.version,
-        hour,
-    )?;
-    if let Some(bootstrap) = args.config.bootstrap {
-        settings.bootstrap = bootstrap;
-    }
+    let mut settings = topk_recount::settings(&config, hour)?;
     settings.spill_dir = args.spill_dir;
-    if let Some(max_in_memory) = args.max_in_memory {
-        settings.max_in_memory = max_in_memory;
-    }
     let manifest = tokio::task::spawn_blocking(move || topk_recount::recount(&settings))
         .await
         .map_err(|e| CliError::Usage(e.to_string()))??;

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use topk_api::{DEFAULT_MANIFEST, RankingRecord, load_manifest};
+use tokio::sync::watch;
+use topk_api::{DEFAULT_MANIFEST, DataPlaneConfig, DenyList, RankingRecord, load_manifest};
 use topk_engine::{EngineConfig, Pipeline};
 
 use crate::error::CliError;
@@ -51,8 +52,9 @@ struct RunReport {
     rejected: BTreeMap<&'static str, u64>,
 }
 
-/// Loads and validates a manifest (or the embedded default).
-pub fn load_config(file: Option<&PathBuf>) -> Result<(String, EngineConfig), CliError> {
+/// Loads and validates a manifest (or the embedded default) into the config the data plane
+/// runs by.
+pub fn load_config(file: Option<&PathBuf>) -> Result<DataPlaneConfig, CliError> {
     let text = match file {
         Some(path) => std::fs::read_to_string(path).map_err(|source| CliError::ReadFile {
             path: path.display().to_string(),
@@ -60,9 +62,29 @@ pub fn load_config(file: Option<&PathBuf>) -> Result<(String, EngineConfig), Cli
         })?,
         None => DEFAULT_MANIFEST.to_owned(),
     };
-    let manifest = load_manifest(&text)?;
-    let cfg = manifest.spec.engine_config()?;
-    Ok((manifest.metadata.name.unwrap_or_default(), cfg))
+    Ok(DataPlaneConfig::from_metric(&load_manifest(&text)?)?)
+}
+
+/// Reads the manifest again every second and sends its deny list when it changed; a manifest
+/// that no longer loads keeps the list in force.
+async fn watch_deny(path: PathBuf, tx: watch::Sender<DenyList>) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        match load_config(Some(&path)) {
+            Ok(config) => {
+                let list = config.deny.list(None);
+                tx.send_if_modified(|current| {
+                    let changed = *current != list;
+                    if changed {
+                        tracing::info!(keys = list.len(), "deny list changed");
+                        *current = list;
+                    }
+                    changed
+                });
+            }
+            Err(err) => tracing::warn!(%err, "manifest unreadable; keeping the deny list"),
+        }
+    }
 }
 
 pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
@@ -76,19 +98,31 @@ pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
 }
 
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
-    let (name, cfg) = load_config(args.file.as_ref())?;
-    let state = app_state(&cfg);
-    let pipeline = Pipeline::new(cfg)?;
+    let config = load_config(args.file.as_ref())?;
+    let name = config.name.clone();
+    if config.deny.config_map.is_some() {
+        tracing::warn!(
+            "denyKeysFrom names a ConfigMap, which topk run cannot read; using denyKeys alone"
+        );
+    }
+    let state = app_state(&config.engine);
+    let (deny_tx, deny_rx) = watch::channel(config.deny.list(None));
+    let mut pipeline = Pipeline::new(config.engine)?;
+    pipeline.set_deny(deny_rx.borrow().iter().cloned());
+    if let Some(path) = args.file.clone() {
+        tokio::spawn(watch_deny(path, deny_tx));
+    }
     let (listener, addr) = server::bind(&args.listen).await?;
     tracing::info!("TopKMetric {name}: query API listening on http://{addr}");
     let server = tokio::spawn(server::serve(listener, state.clone()));
 
     let input = args.input.clone();
     let ingest_state = state.clone();
-    let ingestor =
-        tokio::task::spawn_blocking(move || ingest(&input, Ingestor::new(pipeline, ingest_state)))
-            .await
-            .map_err(|e| CliError::Input(std::io::Error::other(e)))??;
+    let ingestor = tokio::task::spawn_blocking(move || {
+        ingest(&input, Ingestor::new(pipeline, ingest_state), deny_rx)
+    })
+    .await
+    .map_err(|e| CliError::Input(std::io::Error::other(e)))??;
 
     if args.exit_at_end {
         report(&ingestor, &state, args.output);
@@ -101,7 +135,11 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     }
 }
 
-fn ingest(input: &str, mut ingestor: Ingestor) -> Result<Ingestor, CliError> {
+fn ingest(
+    input: &str,
+    mut ingestor: Ingestor,
+    mut deny: watch::Receiver<DenyList>,
+) -> Result<Ingestor, CliError> {
     let reader: Box<dyn Read + Send> = if input == "-" {
         Box::new(std::io::stdin())
     } else {
@@ -126,6 +164,11 @@ fn ingest(input: &str, mut ingestor: Ingestor) -> Result<Ingestor, CliError> {
             break;
         }
         lines += 1;
+        // One atomic load: a slow stream picks up a changed deny list at its next line.
+        if deny.has_changed().unwrap_or(false) {
+            let list = deny.borrow_and_update().clone();
+            ingestor.set_deny(list);
+        }
         if lines.is_multiple_of(1024) {
             now = now_ms();
             if lines.is_multiple_of(1 << 16) && last_report.elapsed().as_secs() >= 2 {

@@ -39,6 +39,7 @@ mode: approximate
 sketch: {{epsilon: 0.001, delta: 0.001, candidates: 20}}
 allowedLateness: 1s
 recount: {{grace: 1m}}
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
 windows:
   - {{name: 1h, length: 1h, bucket: 5m}}
   - {{name: 24h, length: 24h, bucket: 1h}}
@@ -103,8 +104,11 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     let input = unique_name("plays-input");
     runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("metric.yaml");
-    std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+    let config = common::rendered_config(
+        dir.path(),
+        &manifest(&name, &env.kafka_bootstrap, &input),
+        ns,
+    );
     let assignment = dir.path().join("assignment.json");
     let table = serde_json::json!({"version": 1, "shards": [
         {"shard": 0, "worker": 0, "epoch": 1},
@@ -167,13 +171,12 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     let worker = |ordinal: u32| {
         common::Process(
             common::topk()
-                .args(["worker", "--config", &config_arg, "--namespace", ns])
+                .args(["worker", "--config", &config_arg])
                 .args(["--ordinal", &ordinal.to_string()])
                 .args(["--assignment-file", &assignment_arg])
                 .arg("--state-dir")
                 .arg(dir.path().join(format!("worker-{ordinal}")))
-                .args(["--listen", "127.0.0.1:0", "--checkpoint-interval", "200ms"])
-                .args(["--idle-timeout", "1s"])
+                .args(["--listen", "127.0.0.1:0"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
@@ -186,8 +189,6 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
         "reducer",
         "--config",
         &config_arg,
-        "--namespace",
-        ns,
         "--assignment-file",
         &assignment_arg,
         "--state-dir",
@@ -221,7 +222,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     for h in 0..3 {
         let hour = format_rfc3339_ms(first_hour + h * HOUR);
         let out = common::topk()
-            .args(["recount", "--config", &config_arg, "--namespace", ns])
+            .args(["recount", "--config", &config_arg])
             .args(["--hour", &hour])
             .arg("--spill-dir")
             .arg(dir.path().join("spill"))

@@ -12,6 +12,7 @@ use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::format_rfc3339_ms;
@@ -32,7 +33,7 @@ shards: 2
 k: 10
 maxKeyBytes: 16
 allowedLateness: 1m
-recount: {grace: 5m}
+recount: {grace: 10m}
 windows:
   - {name: 1h, length: 1h, bucket: 1m}
 "#,
@@ -97,8 +98,11 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
     let topics = TopicNames::of(ns, &name);
     runtime.block_on(env.create_metric_topics(ns, &name, &input, 2));
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("metric.yaml");
-    std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+    let config = common::rendered_config(
+        dir.path(),
+        &manifest(&name, &env.kafka_bootstrap, &input),
+        ns,
+    );
 
     let producer: ThreadedProducer<DefaultProducerContext> = env
         .kafka_config()
@@ -118,9 +122,10 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
             events.push((t + 1_000, t, scope, key, Some(format!("e{i}")), false));
         }
     }
-    // Late but within the 5 minute grace: in. Past the grace: out.
+    // Late but within the metric's 10 minute grace (past the 5 minute default): in. Past the
+    // grace: out.
     events.push((
-        HOUR + 63 * MINUTE,
+        HOUR + 68 * MINUTE,
         HOUR + 59 * MINUTE,
         "",
         "late-in".into(),
@@ -128,7 +133,7 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
         true,
     ));
     events.push((
-        HOUR + 66 * MINUTE,
+        HOUR + 72 * MINUTE,
         HOUR + 59 * MINUTE,
         "",
         "late-out".into(),
@@ -174,18 +179,17 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
     producer.flush(Duration::from_secs(30)).expect("flush");
 
     let hour = format_rfc3339_ms(HOUR);
-    let run = |max_in_memory: &str| {
+    // The in-memory bound is set in the rendered config, below what a spec may ask for.
+    let run = |max_in_memory: u64| {
+        let mut rendered: Value =
+            serde_json::from_str(&std::fs::read_to_string(&config).expect("config"))
+                .expect("rendered config");
+        rendered["recount"]["maxInMemory"] = max_in_memory.into();
+        std::fs::write(&config, rendered.to_string()).expect("config");
         let out = common::topk()
             .args(["recount", "--config"])
             .arg(&config)
-            .args([
-                "--namespace",
-                ns,
-                "--hour",
-                &hour,
-                "--max-in-memory",
-                max_in_memory,
-            ])
+            .args(["--hour", &hour])
             .arg("--spill-dir")
             .arg(dir.path().join("spill"))
             .arg("--termination-log")
@@ -202,7 +206,12 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
         line
     };
     // A tiny memory bound: nearly every key goes through the spill store.
-    let first = run("3");
+    let first = run(3);
+    assert_eq!(
+        (first.grace_ms, first.max_in_memory),
+        (10 * MINUTE, 3),
+        "the recount ran with the metric's settings"
+    );
     let (manifest, counts) = read_hour(&env, &topics.exact_hours, &hour);
     assert_eq!(counts, oracle);
     assert_eq!(manifest, first);
@@ -220,7 +229,7 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
     );
 
     // A rerun replaces the hour: the same counts, read through the newest manifest.
-    let second = run("1000000");
+    let second = run(1_000_000);
     let (manifest, counts) = read_hour(&env, &topics.exact_hours, &hour);
     assert_eq!(counts, oracle);
     assert_eq!(manifest, second);
@@ -233,7 +242,7 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
     let out = common::topk()
         .args(["recount", "--config"])
         .arg(&config)
-        .args(["--namespace", ns, "--hour", "2026-09-01T19:30:00Z"])
+        .args(["--hour", "2026-09-01T19:30:00Z"])
         .output()
         .expect("run topk recount");
     assert!(!out.status.success());

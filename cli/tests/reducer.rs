@@ -1,6 +1,7 @@
 //! End to end on the test environment's broker: a known stream through two `topk worker`
 //! processes and a `topk reducer` process gives exactly the oracle's lists over the reducer's
-//! HTTP API, also when a worker is SIGKILLed and restarted mid-stream.
+//! HTTP API, also when a worker is SIGKILLed and restarted mid-stream; a takedown added to
+//! the running reducer's config leaves the lists at once, and lifting it brings the key back.
 
 mod common;
 
@@ -17,7 +18,8 @@ use topk_testenv::{TestEnv, list_items, metric_manifest, unique_name};
 const SHARDS: u32 = 2;
 const WAIT: Duration = Duration::from_secs(120);
 
-fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
+fn manifest(name: &str, bootstrap: &str, topic: &str, deny: &[&str]) -> String {
+    let deny = deny.join(", ");
     metric_manifest(
         name,
         "plays",
@@ -28,7 +30,8 @@ fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
 shards: {SHARDS}
 k: 10
 allowedLateness: 1s
-denyKeys: [song-banned]
+denyKeys: [{deny}]
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
 windows:
   - {{name: 1h, length: 1h, bucket: 1s}}
   - {{name: all, allTime: true, bucket: 1s}}
@@ -37,11 +40,14 @@ windows:
     )
 }
 
-/// Exact top 10 per scope of everything produced, without the denied key.
-fn oracle(counts: &BTreeMap<(String, String), u64>) -> BTreeMap<String, Vec<(String, u64)>> {
+/// Exact top 10 per scope of everything produced, without the denied keys.
+fn oracle(
+    counts: &BTreeMap<(String, String), u64>,
+    deny: &[&str],
+) -> BTreeMap<String, Vec<(String, u64)>> {
     let mut per_scope: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
     for ((scope, key), count) in counts {
-        if key != "song-banned" {
+        if !deny.contains(&key.as_str()) {
             per_scope
                 .entry(scope.clone())
                 .or_default()
@@ -66,8 +72,14 @@ fn workers_and_reducer_publish_the_exact_lists() {
     let input = unique_name("plays-input");
     runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("metric.yaml");
-    std::fs::write(&config, manifest(&name, &env.kafka_bootstrap, &input)).expect("config");
+    let render = |deny: &[&str]| {
+        common::rendered_config(
+            dir.path(),
+            &manifest(&name, &env.kafka_bootstrap, &input, deny),
+            ns,
+        )
+    };
+    let config = render(&["song-banned"]);
     let assignment = dir.path().join("assignment.json");
     let table = serde_json::json!({"version": 1, "shards": [
         {"shard": 0, "worker": 0, "epoch": 1},
@@ -80,13 +92,12 @@ fn workers_and_reducer_publish_the_exact_lists() {
         let state = dir.path().join(format!("worker-{ordinal}"));
         common::Process(
             common::topk()
-                .args(["worker", "--config", &config_arg, "--namespace", ns])
+                .args(["worker", "--config", &config_arg])
                 .args(["--ordinal", &ordinal.to_string()])
                 .args(["--assignment-file", &assignment_arg])
                 .arg("--state-dir")
                 .arg(state)
-                .args(["--listen", "127.0.0.1:0", "--checkpoint-interval", "200ms"])
-                .args(["--idle-timeout", "1s"])
+                .args(["--listen", "127.0.0.1:0"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
@@ -99,8 +110,6 @@ fn workers_and_reducer_publish_the_exact_lists() {
         "reducer",
         "--config",
         &config_arg,
-        "--namespace",
-        ns,
         "--assignment-file",
         &assignment_arg,
         "--state-dir",
@@ -153,28 +162,42 @@ fn workers_and_reducer_publish_the_exact_lists() {
     drop(worker1);
     let _worker1 = worker(1);
     produce(3_000);
-    let want = oracle(&counts);
+    let want = oracle(&counts, &["song-banned"]);
     assert!(want[""].iter().all(|(k, _)| k != "song-banned"));
 
     // Once the workers idle past the last event, both windows hold every event.
-    for window in ["all", "1h"] {
-        for (scope, expected) in &want {
-            let url = format!(
-                "{}/v1/rankings/plays?window={window}&scope={scope}",
-                reducer.base
-            );
-            let list = common::await_some(
-                &format!("the exact {window} list of scope {scope:?}"),
-                WAIT,
-                || {
-                    let (status, body) = common::get(&url);
-                    let list: Value = serde_json::from_str(&body).ok()?;
-                    (status == 200 && &list_items(&list) == expected).then_some(list)
-                },
-            );
-            assert_eq!(list["mode"], "exact");
-            assert_eq!(list["stale"], false);
-            assert_eq!(list["inputRange"].as_array().map(Vec::len), Some(2));
+    let await_lists = |want: &BTreeMap<String, Vec<(String, u64)>>, what: &str| {
+        for window in ["all", "1h"] {
+            for (scope, expected) in want {
+                let url = format!(
+                    "{}/v1/rankings/plays?window={window}&scope={scope}",
+                    reducer.base
+                );
+                let list = common::await_some(
+                    &format!("the {what} {window} list of scope {scope:?}"),
+                    WAIT,
+                    || {
+                        let (status, body) = common::get(&url);
+                        let list: Value = serde_json::from_str(&body).ok()?;
+                        (status == 200 && &list_items(&list) == expected).then_some(list)
+                    },
+                );
+                assert_eq!(list["mode"], "exact");
+                assert_eq!(list["stale"], false);
+                assert_eq!(list["inputRange"].as_array().map(Vec::len), Some(2));
+            }
         }
-    }
+    };
+    await_lists(&want, "exact");
+
+    // A takedown of the global leader, added to the running reducer's config: both windows'
+    // lists drop it with no new event and no restart, and the next key moves up.
+    let leader = want[""][0].0.clone();
+    render(&["song-banned", &leader]);
+    await_lists(&oracle(&counts, &["song-banned", &leader]), "taken-down");
+    // Lifting every takedown brings the keys back with their true counts.
+    render(&[]);
+    await_lists(&oracle(&counts, &[]), "lifted");
+    let (_, metrics) = common::get(&format!("{}/metrics", reducer.base));
+    assert!(metrics.contains("topk_reducer_denied_keys 0"), "{metrics}");
 }

@@ -46,6 +46,7 @@ shards: {SHARDS}
 k: 100
 maxKeyBytes: 32
 allowedLateness: 1s
+workers: {{checkpointInterval: 150ms, idleTimeout: 1s}}
 windows:
   - {{name: 1h, length: 1h, bucket: 1m}}
   - {{name: all, allTime: true, bucket: 1s}}
@@ -65,11 +66,13 @@ fn table(owners: [(u32, u64); SHARDS as usize], version: u64) -> String {
     serde_json::json!({"version": version, "shards": shards}).to_string()
 }
 
-/// A metric's topics and config file, created fresh.
+/// A metric's topics and config file (as the operator renders it), created fresh.
 struct Fixture {
     dir: tempfile::TempDir,
+    ns: String,
     input: String,
     topics: TopicNames,
+    manifest: String,
     config: std::path::PathBuf,
 }
 
@@ -85,25 +88,31 @@ impl Fixture {
         let topics = TopicNames::of(ns, &name);
         create_metric_topics(kafka, ns, &name, &input, SHARDS).await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = dir.path().join("metric.yaml");
-        std::fs::write(&config, manifest(&name, bootstrap, &input)).expect("config");
+        let manifest = manifest(&name, bootstrap, &input);
+        let config = common::rendered_config(dir.path(), &manifest, ns);
         Self {
             dir,
+            ns: ns.to_owned(),
             input,
             topics,
+            manifest,
             config,
         }
     }
 
-    /// `topk worker` arguments for worker `ordinal` in namespace `ns`, with its own state dir.
-    fn worker_args(&self, ns: &str, ordinal: u32) -> Vec<String> {
+    /// Renders the config again from the manifest with `from` replaced by `to`.
+    fn edit(&self, from: &str, to: &str) {
+        assert!(self.manifest.contains(from), "{from:?} in the manifest");
+        common::rendered_config(self.dir.path(), &self.manifest.replace(from, to), &self.ns);
+    }
+
+    /// `topk worker` arguments for worker `ordinal`, with its own state dir.
+    fn worker_args(&self, ordinal: u32) -> Vec<String> {
         let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
         vec![
             "worker".into(),
             "--config".into(),
             path(&self.config),
-            "--namespace".into(),
-            ns.into(),
             "--ordinal".into(),
             ordinal.to_string(),
             "--state-dir".into(),
@@ -111,17 +120,12 @@ impl Fixture {
         ]
     }
 
-    /// Starts worker `ordinal` in namespace `ns`; `control` adds what says where its table is.
-    fn spawn(&self, ns: &str, ordinal: u32, control: impl FnOnce(&mut Command)) -> Worker {
+    /// Starts worker `ordinal`; `control` adds what says where its table is.
+    fn spawn(&self, ordinal: u32, control: impl FnOnce(&mut Command)) -> Worker {
         let mut command = common::topk();
-        command.args(self.worker_args(ns, ordinal)).args([
-            "--listen",
-            "127.0.0.1:0",
-            "--checkpoint-interval",
-            "150ms",
-            "--idle-timeout",
-            "1s",
-        ]);
+        command
+            .args(self.worker_args(ordinal))
+            .args(["--listen", "127.0.0.1:0"]);
         control(&mut command);
         Worker(
             command
@@ -134,15 +138,14 @@ impl Fixture {
     }
 
     /// Starts worker 0 owning every shard (epoch 1, from an assignment file) and waits for
-    /// its HTTP address; `extra` adds flags.
-    fn serve_all_shards(&self, ns: &str, extra: &[&str]) -> common::Server {
+    /// its HTTP address.
+    fn serve_all_shards(&self) -> common::Server {
         let assignment = self.dir.path().join("assignment.json");
         std::fs::write(&assignment, table([(0, 1), (0, 1)], 1)).expect("assignment");
-        let mut args = self.worker_args(ns, 0);
+        let mut args = self.worker_args(0);
         args.push("--assignment-file".into());
         args.push(assignment.to_string_lossy().into_owned());
-        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-        args.extend_from_slice(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         common::spawn(&args)
     }
 }
@@ -363,7 +366,7 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
     let mut rng = StdRng::seed_from_u64(11);
     for round in 0..8 {
         input.produce(3_000);
-        let mut worker = fixture.spawn(ns, 0, from_file);
+        let mut worker = fixture.spawn(0, from_file);
         let kill_after = Duration::from_millis(rng.random_range(200..1_500));
         // The kill point is the test's random input, not a wait for a condition.
         tokio::time::sleep(kill_after).await;
@@ -371,7 +374,7 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
         eprintln!("round {round}: killed after {kill_after:?}");
     }
     input.produce(3_000);
-    let mut worker = fixture.spawn(ns, 0, from_file);
+    let mut worker = fixture.spawn(0, from_file);
     let (records, last) = await_all_counted(&env.kafka_config(), &fixture.topics, &input).await;
     worker.kill();
 
@@ -476,8 +479,8 @@ async fn a_shard_moved_through_the_api_stays_exact_and_its_old_owner_goes_quiet(
 
     let mut input = Input::new(&env.kafka_config(), &fixture.input);
     input.produce(3_000);
-    let mut zero = fixture.spawn(&ns, 0, through_api);
-    let mut one = fixture.spawn(&ns, 1, through_api);
+    let mut zero = fixture.spawn(0, through_api);
+    let mut one = fixture.spawn(1, through_api);
     await_all_counted(&env.kafka_config(), &fixture.topics, &input).await;
     for ordinal in [0, 1] {
         await_some(&format!("worker {ordinal}'s report"), WAIT, || async {
@@ -567,14 +570,11 @@ async fn approximate_state_stays_flat_under_a_flood_of_unique_keys() {
     };
     let ns = "test";
     let fixture = Fixture::new(&env, ns).await;
-    let approximate = std::fs::read_to_string(&fixture.config)
-        .expect("config")
-        .replace(
-            "  k: 100\n",
-            "  k: 100\n  mode: approximate\n  sketch: {epsilon: 0.001, delta: 0.01, candidates: 200}\n",
-        );
-    std::fs::write(&fixture.config, approximate).expect("config");
-    let worker = fixture.serve_all_shards(ns, &["--checkpoint-interval", "100ms"]);
+    fixture.edit(
+        "  k: 100\n",
+        "  k: 100\n  mode: approximate\n  sketch: {epsilon: 0.001, delta: 0.01, candidates: 200}\n",
+    );
+    let worker = fixture.serve_all_shards();
     let input = Input::new(&env.kafka_config(), &fixture.input);
     let page = || common::get(&format!("{}/metrics", worker.base)).1;
     let checkpoints = |page: &str| metric(page, "topk_worker_checkpoint_duration_seconds_count");
@@ -621,7 +621,7 @@ async fn consumer_lag_reaches_zero_on_a_transactional_input() {
     };
     let ns = "test";
     let fixture = Fixture::new(&env, ns).await;
-    let worker = fixture.serve_all_shards(ns, &[]);
+    let worker = fixture.serve_all_shards();
     let producer: ThreadedProducer<DefaultProducerContext> = env.transactional_producer();
     let timeout = Duration::from_secs(30);
     producer.begin_transaction().expect("begin");
@@ -670,10 +670,7 @@ async fn a_broker_crash_mid_stream_loses_nothing() {
     let ns = "test";
     let fixture = Fixture::on(&kafka.config(), &kafka.bootstrap(), ns).await;
     // Served, for its HTTP address: the outage must show on `/metrics`.
-    let mut worker = fixture.serve_all_shards(
-        ns,
-        &["--checkpoint-interval", "150ms", "--idle-timeout", "1s"],
-    );
+    let mut worker = fixture.serve_all_shards();
     let kafka_errors = || {
         metric(
             &common::get(&format!("{}/metrics", worker.base)).1,

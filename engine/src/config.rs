@@ -3,10 +3,13 @@
 //! The user-facing manifest (durations as strings, YAML) lives in `topk-api`, which turns it
 //! into an [`EngineConfig`]. The checks here are the ones the engine itself relies on.
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::EngineError;
 
 /// Parameters of the approximate mode.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SketchParams {
     /// Over-count bound relative to the window's total over all shards.
     pub epsilon: f64,
@@ -16,7 +19,8 @@ pub struct SketchParams {
     pub candidates: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "name")]
 pub enum Mode {
     Exact,
     Approximate(SketchParams),
@@ -33,7 +37,8 @@ impl Mode {
 
 /// One ranking window. `length_ms == None` is the all-time window, whose `bucket_ms` is only
 /// its publish cadence.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WindowConfig {
     pub name: String,
     pub length_ms: Option<i64>,
@@ -63,7 +68,8 @@ impl WindowConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EngineConfig {
     pub metric: String,
     pub shards: u32,

@@ -41,6 +41,8 @@ pub struct Pipeline {
     next_publish_ms: i64,
     versions: HashMap<(String, String), u64>,
     known_scopes: Vec<BTreeSet<String>>,
+    /// Keys left out of the lists published from now on (their counts are kept).
+    deny: BTreeSet<String>,
     accepted: u64,
     rejected: BTreeMap<RejectReason, u64>,
 }
@@ -61,6 +63,7 @@ impl Pipeline {
             next_publish_ms: i64::MIN,
             versions: HashMap::new(),
             known_scopes: vec![BTreeSet::new(); windows],
+            deny: BTreeSet::new(),
             accepted: 0,
             rejected: BTreeMap::new(),
         })
@@ -68,6 +71,12 @@ impl Pipeline {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// Keys left out of every list published from now on; counting is untouched, so a key
+    /// taken off the list comes back with its true count.
+    pub fn set_deny(&mut self, keys: impl IntoIterator<Item = String>) {
+        self.deny = keys.into_iter().collect();
     }
 
     /// Highest accepted event time minus the allowed lateness.
@@ -216,7 +225,13 @@ impl Pipeline {
             })
             .collect();
         let refs: Vec<_> = summaries.iter().collect();
-        let rankings = merge_known(&refs, self.cfg.k, &|_| false, &mut self.known_scopes[w]);
+        let deny = &self.deny;
+        let rankings = merge_known(
+            &refs,
+            self.cfg.k,
+            &|key| deny.contains(key),
+            &mut self.known_scopes[w],
+        );
         for ranking in rankings {
             let version = self
                 .versions

@@ -16,9 +16,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use topk_api::TopKMetric;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+pub use topk_api::dataplane::CONFIG_KEY;
 pub use topk_api::names::Names;
+use topk_api::{Component, DataPlaneConfig, TopKMetric};
 
 use crate::error::Error;
 
@@ -57,7 +58,6 @@ impl Default for Settings {
     }
 }
 
-pub const CONFIG_KEY: &str = "metric.json";
 pub const CONFIG_HASH_ANNOTATION: &str = "topk.io/config-hash";
 /// Labels of a recount Job: the hour (`YYYYMMDDHH`, UTC) and the attempt.
 pub const HOUR_LABEL: &str = "topk.io/hour";
@@ -136,33 +136,13 @@ fn meta(metric: &TopKMetric, name: &str, component: &str) -> Result<Value, Error
     }))
 }
 
-/// The rendered pipeline configuration: what the counting pipeline runs. Its hash goes into the
-/// pod templates, so only changes to it roll the pods: replicas, pausing, the deletion policy,
-/// the recount schedule and the deny list (read live) are left out.
-pub fn rendered_config(metric: &TopKMetric) -> Result<String, Error> {
-    let mut spec = metric.spec.clone();
-    spec.recount = None;
-    spec.workers = None;
-    spec.reducers = None;
-    spec.paused = false;
-    spec.deny_keys.clear();
-    spec.deletion_policy = Default::default();
-    let doc = json!({"name": metric.name_any(), "spec": spec});
-    serde_json::to_string_pretty(&doc).map_err(Error::Build)
-}
-
-pub fn config_hash(config: &str) -> String {
-    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(config.as_bytes()))
-}
-
 pub fn desired(
     metric: &TopKMetric,
     table: &AssignmentTable,
     settings: &Settings,
 ) -> Result<Desired, Error> {
     let names = Names::of(&metric.name_any());
-    let config = rendered_config(metric)?;
-    let hash = config_hash(&config);
+    let config = DataPlaneConfig::from_metric(metric)?;
     let assignment = serde_json::to_string_pretty(table).map_err(Error::Build)?;
     let workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
     let reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
@@ -171,7 +151,7 @@ pub fn desired(
         config: typed(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": meta(metric, &names.config, "config")?,
-            "data": {CONFIG_KEY: config},
+            "data": {CONFIG_KEY: config.render()},
         }))?,
         assignment: typed(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -188,13 +168,13 @@ pub fn desired(
             "apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": meta(metric, &names.data_plane, "data-plane")?,
         }))?,
-        // Least privilege: read its own config and assignment, report released shards and
-        // ranking status.
+        // Least privilege: read its own config, assignment and deny-list ConfigMap, report
+        // released shards and ranking status.
         role: typed(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": meta(metric, &names.data_plane, "data-plane")?,
             "rules": [
-                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [names.config, names.assignment], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": readable_config_maps(&config), "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [names.worker_reports], "verbs": ["get", "patch"]},
                 {"apiGroups": ["topk.io"], "resources": ["topkmetrics"], "resourceNames": [metric.name_any()], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["topk.io"], "resources": ["topkmetrics/status"], "resourceNames": [metric.name_any()], "verbs": ["get", "patch"]},
@@ -207,12 +187,36 @@ pub fn desired(
             "subjects": [{"kind": "ServiceAccount", "name": names.data_plane, "namespace": metric.namespace()}],
         }))?,
         worker_service: headless_service(metric, &names.worker, "worker")?,
-        worker: statefulset(metric, &names, "worker", workers, &hash, settings)?,
+        worker: statefulset(
+            metric,
+            &names,
+            "worker",
+            workers,
+            &config.rollout_hash(Component::Worker),
+            settings,
+        )?,
         worker_pdb: pdb(metric, &names.worker, "worker")?,
         reducer_service: headless_service(metric, &names.reducer, "reducer")?,
-        reducer: statefulset(metric, &names, "reducer", reducers, &hash, settings)?,
+        reducer: statefulset(
+            metric,
+            &names,
+            "reducer",
+            reducers,
+            &config.rollout_hash(Component::Reducer),
+            settings,
+        )?,
         reducer_pdb: pdb(metric, &names.reducer, "reducer")?,
     })
+}
+
+/// The ConfigMaps the data plane reads: its config, the assignment and the deny list's.
+fn readable_config_maps(config: &DataPlaneConfig) -> Vec<String> {
+    let names = config.names();
+    let mut readable = vec![names.config, names.assignment];
+    readable.extend(config.deny.config_map.as_ref().map(|r| r.name.clone()));
+    readable.sort();
+    readable.dedup();
+    readable
 }
 
 fn headless_service(metric: &TopKMetric, name: &str, component: &str) -> Result<Service, Error> {
@@ -256,16 +260,7 @@ fn statefulset(
         "metadata": {"name": "state"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": settings.state_storage}}},
     }]);
-    // Worker timing from the spec; absent fields keep the worker's defaults.
-    let timing: Vec<String> = match (component, &metric.spec.workers) {
-        ("worker", Some(workers)) => workers
-            .timing_flags()
-            .into_iter()
-            .flat_map(|(_, flag, value)| [flag.to_owned(), value.to_string()])
-            .collect(),
-        _ => Vec::new(),
-    };
-    let mut main = container(metric, component, &timing, settings);
+    let mut main = container(component, &[], settings);
     main["ports"] = json!([{"name": "http", "containerPort": API_PORT}]);
     main["readinessProbe"] =
         json!({"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5});
@@ -294,20 +289,14 @@ fn statefulset(
     }))
 }
 
-/// The data-plane container: `topk <command> --config ... --metric-name NAME [extra args]`,
-/// non-root with a read-only root filesystem and the rendered config mounted.
-fn container(
-    metric: &TopKMetric,
-    command: &str,
-    extra_args: &[String],
-    settings: &Settings,
-) -> Value {
+/// The data-plane container: `topk <command> --config /etc/topk/metric.json [identity]`,
+/// non-root with a read-only root filesystem and the rendered config mounted. Everything else
+/// it runs by is in that config.
+fn container(command: &str, extra_args: &[String], settings: &Settings) -> Value {
     let mut args = vec![
         command.to_owned(),
         "--config".to_owned(),
         format!("/etc/topk/{CONFIG_KEY}"),
-        "--metric-name".to_owned(),
-        metric.name_any(),
     ];
     args.extend_from_slice(extra_args);
     json!({
@@ -357,13 +346,11 @@ pub fn recount_job(
     metadata["annotations"] = json!({HOUR_START_ANNOTATION: start.to_string()});
     let mut pod_labels = labels(metric, "recount");
     pod_labels.insert(HOUR_LABEL.to_owned(), hour);
-    let container = container(
-        metric,
+    let mut container = container(
         "recount",
         &["--hour".to_owned(), start.to_string()],
         settings,
     );
-    let mut container = container;
     // The root filesystem is read-only: counts beyond memory spill to a scratch volume.
     container["volumeMounts"]
         .as_array_mut()

@@ -14,6 +14,8 @@ pub enum Error {
     Assignment(String, serde_json::Error),
     #[error("time {0} ms is out of range")]
     Clock(i64),
+    #[error("{0}")]
+    Spec(#[from] topk_api::ApiError),
 }
 
 impl Error {
@@ -24,6 +26,7 @@ impl Error {
             Error::Build(_) => "build",
             Error::Assignment(..) => "assignment",
             Error::Clock(_) => "clock",
+            Error::Spec(_) => "spec",
         }
     }
 }

@@ -202,7 +202,7 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     if let Some(action) = finalize(metric, &ns, ctx).await? {
         return Ok(action);
     }
-    if let Err(err) = metric.spec.engine_config() {
+    if let Err(err) = topk_api::DataPlaneConfig::from_metric(metric) {
         if newly_degraded(&previous, "InvalidSpec") {
             event(
                 ctx,

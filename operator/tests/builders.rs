@@ -1,6 +1,6 @@
 //! The desired objects of a TopKMetric, built from a YAML fixture without any cluster.
 
-use topk_api::{TopKMetric, load_manifest};
+use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, load_manifest};
 use topk_operator::builders::{CONFIG_HASH_ANNOTATION, Settings, desired, recount_job};
 use topk_operator::planner::plan;
 
@@ -8,19 +8,23 @@ fn fixture() -> TopKMetric {
     load_manifest(include_str!("fixtures/metric.yaml")).expect("fixture")
 }
 
-fn hash_of(metric: &TopKMetric) -> String {
-    let table = plan(metric.spec.shards, None, 3);
-    let d = desired(metric, &table, &Settings::default()).expect("desired");
-    let annotations = d
-        .worker
-        .spec
-        .unwrap()
-        .template
+fn hash(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> String {
+    let template = &sts.spec.as_ref().unwrap().template;
+    template
         .metadata
+        .as_ref()
         .unwrap()
         .annotations
-        .unwrap();
-    annotations[CONFIG_HASH_ANNOTATION].clone()
+        .as_ref()
+        .unwrap()[CONFIG_HASH_ANNOTATION]
+        .clone()
+}
+
+/// The (worker, reducer) rollout hashes of the metric's StatefulSets.
+fn hash_of(metric: &TopKMetric) -> (String, String) {
+    let table = plan(metric.spec.shards, None, 3);
+    let d = desired(metric, &table, &Settings::default()).expect("desired");
+    (hash(&d.worker), hash(&d.reducer))
 }
 
 #[test]
@@ -78,47 +82,93 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
     assert!(!role.contains("\"*\""), "no wildcard permissions: {role}");
 }
 
+/// The config the pods mount, parsed as the data-plane commands parse it.
+fn rendered(d: &topk_operator::builders::Desired) -> DataPlaneConfig {
+    let text = &d.config.data.as_ref().expect("data")[CONFIG_KEY];
+    DataPlaneConfig::parse(text).expect("the rendered config parses")
+}
+
+fn args(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> Vec<String> {
+    sts.spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap()
+}
+
 #[test]
-fn worker_timing_from_the_spec_reaches_the_worker_arguments_only() {
-    let mut metric = fixture();
+fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
+    let base = fixture();
+    let mut metric = base.clone();
     let workers = metric.spec.workers.as_mut().unwrap();
     workers.idle_timeout = Some(topk_api::Duration::from_millis(5_000));
     workers.checkpoint_interval = Some(topk_api::Duration::from_millis(1_500));
     let d = desired(&metric, &plan(8, None, 3), &Settings::default()).expect("desired");
-    let args = |sts: &k8s_openapi::api::apps::v1::StatefulSet| {
-        sts.spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0]
-            .args
-            .clone()
-            .unwrap()
-    };
-    let worker = args(&d.worker);
-    let after = |flag: &str| {
-        worker
-            .iter()
-            .position(|a| a == flag)
-            .map(|i| worker[i + 1].clone())
-    };
-    assert_eq!(after("--idle-timeout").as_deref(), Some("5s"));
-    assert_eq!(after("--checkpoint-interval").as_deref(), Some("1s500ms"));
+    let timing = rendered(&d).worker;
+    assert_eq!(timing.idle_timeout.as_millis(), 5_000);
+    assert_eq!(timing.checkpoint_interval.as_millis(), 1_500);
     assert_eq!(
-        after("--snapshot-interval"),
-        None,
-        "unset fields keep the defaults"
+        timing.snapshot_interval.as_millis(),
+        60_000,
+        "unset fields get the one set of defaults"
     );
-    assert!(!args(&d.reducer).iter().any(|a| a == "--idle-timeout"));
+    // Identity and paths only: everything else is in the config.
+    assert_eq!(
+        args(&d.worker),
+        ["worker", "--config", "/etc/topk/metric.json"]
+    );
+    assert_eq!(
+        args(&d.reducer),
+        ["reducer", "--config", "/etc/topk/metric.json"]
+    );
+    let before = desired(&base, &plan(8, None, 3), &Settings::default()).expect("desired");
+    assert_ne!(hash(&before.worker), hash(&d.worker), "workers restart");
+    assert_eq!(hash(&before.reducer), hash(&d.reducer), "reducers do not");
     metric.spec.workers.as_mut().unwrap().idle_timeout = Some(topk_api::Duration::from_millis(0));
-    let err = metric.spec.engine_config().unwrap_err().to_string();
+    let err = DataPlaneConfig::from_metric(&metric)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("spec.workers.idleTimeout must be positive"),
         "{err}"
     );
+}
+
+#[test]
+fn the_deny_list_is_rendered_and_its_configmap_readable_without_a_restart() {
+    let base = fixture();
+    let mut denied = base.clone();
+    denied.spec.deny_keys = vec!["spam".into()];
+    denied.spec.deny_keys_from = Some(topk_api::manifest::DenyKeysFrom {
+        config_map_key_ref: topk_api::manifest::ConfigMapKey {
+            name: "takedowns".into(),
+            key: "keys".into(),
+        },
+    });
+    let d = desired(&denied, &plan(8, None, 3), &Settings::default()).expect("desired");
+    let deny = rendered(&d).deny;
+    assert_eq!(deny.keys, ["spam"]);
+    assert_eq!(
+        deny.config_map.as_ref().map(|r| r.name.as_str()),
+        Some("takedowns")
+    );
+    let role = serde_json::to_value(&d.role).unwrap();
+    let readable = &role["rules"][0]["resourceNames"];
+    assert!(
+        readable
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "takedowns"),
+        "the data plane may read the referenced ConfigMap: {readable}"
+    );
+    assert_eq!(hash_of(&base), hash_of(&denied), "read live, no rollout");
 }
 
 #[test]
@@ -130,7 +180,7 @@ fn only_pipeline_changes_roll_the_pods() {
     scaled.spec.deny_keys = vec!["spam".into()];
     scaled.spec.recount = Some(topk_api::manifest::RecountSpec {
         enabled: false,
-        grace: None,
+        grace: Some(topk_api::Duration::from_millis(900_000)),
         backfill: None,
         max_concurrent: Some(4),
         min_recall: Some(0.5),
@@ -139,7 +189,7 @@ fn only_pipeline_changes_roll_the_pods() {
     assert_eq!(
         hash_of(&base),
         hash_of(&scaled),
-        "replicas, pause, deny list and recount schedule do not roll pods"
+        "replicas, pause, deny list and recount settings do not roll pods"
     );
     let mut changed = base.clone();
     changed.spec.k = 10;
@@ -170,8 +220,6 @@ fn recount_jobs_have_deterministic_bounded_names_and_run_the_hour() {
             "recount",
             "--config",
             "/etc/topk/metric.json",
-            "--metric-name",
-            "api-requests",
             "--hour",
             "2026-09-01T19:00:00Z"
         ]
@@ -198,4 +246,33 @@ fn recount_jobs_have_deterministic_bounded_names_and_run_the_hour() {
         .name
         .unwrap();
     assert_ne!(name, other_name, "a hash keeps cut names distinct");
+}
+
+#[test]
+fn recount_jobs_mount_the_config_that_carries_the_metrics_recount_settings() {
+    let mut metric = fixture();
+    metric.spec.allowed_lateness = Some(topk_api::Duration::from_millis(60_000));
+    metric.spec.recount = Some(topk_api::manifest::RecountSpec {
+        enabled: true,
+        grace: Some(topk_api::Duration::from_millis(900_000)),
+        backfill: None,
+        max_concurrent: None,
+        min_recall: None,
+        max_in_memory: Some(20_000),
+    });
+    let d = desired(&metric, &plan(8, None, 3), &Settings::default()).expect("desired");
+    let job = recount_job(&metric, 1_788_289_200_000, 1, &Settings::default()).expect("job");
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let mounted = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find_map(|v| v.config_map.map(|c| c.name))
+        .expect("a ConfigMap volume");
+    assert_eq!(Some(mounted), d.config.metadata.name.clone());
+    let mount = &pod.containers[0].volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(mount.mount_path, "/etc/topk");
+    let recount = rendered(&d).recount;
+    assert_eq!(recount.grace.as_millis(), 900_000);
+    assert_eq!(recount.max_in_memory, 20_000);
 }

@@ -255,6 +255,8 @@ async fn recount_jobs_cover_closed_hours_retry_failures_and_advance_exact_until(
         rejected: [("invalid_json".to_owned(), 10)].into(),
         keys: 77,
         config_version: "c".into(),
+        grace_ms: 300_000,
+        max_in_memory: 1_000_000,
         duration_ms: 1234,
     };
     let message = serde_json::to_string(&summary).expect("json");

@@ -16,7 +16,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use topk_api::TopKMetricSpec;
+use topk_api::DataPlaneConfig;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason, format_rfc3339_ms};
@@ -53,34 +53,25 @@ pub struct RecountSettings {
 }
 
 /// Resolves a recount of the hour starting at `hour_start_ms` for this metric.
-pub fn settings(
-    name: &str,
-    spec: &TopKMetricSpec,
-    namespace: &str,
-    config_version: String,
-    hour_start_ms: i64,
-) -> Result<RecountSettings, Error> {
+pub fn settings(config: &DataPlaneConfig, hour_start_ms: i64) -> Result<RecountSettings, Error> {
     if hour_start_ms.rem_euclid(HOUR_MS) != 0 {
         return Err(Error::Config(format!(
             "--hour {} is not the start of an hour",
             format_rfc3339_ms(hour_start_ms)
         )));
     }
-    let engine = spec
-        .engine_config()
-        .map_err(|e| Error::Config(e.to_string()))?;
     Ok(RecountSettings {
-        metric: engine.metric.clone(),
-        max_key_bytes: engine.max_key_bytes,
-        config_version,
-        bootstrap: spec.source.kafka.bootstrap_servers.clone(),
-        input_topic: spec.source.kafka.topic.clone(),
-        topics: TopicNames::of(namespace, name),
+        metric: config.engine.metric.clone(),
+        max_key_bytes: config.engine.max_key_bytes,
+        config_version: config.config_version(),
+        bootstrap: config.kafka.bootstrap_servers.clone(),
+        input_topic: config.kafka.input_topic.clone(),
+        topics: config.kafka.topics.clone(),
         hour_start_ms,
-        grace_ms: spec.recount_settings().grace_ms,
-        early_ms: engine.max_future_skew_ms,
+        grace_ms: config.recount.grace.as_millis(),
+        early_ms: config.engine.max_future_skew_ms,
         spill_dir: PathBuf::from("/var/lib/topk/recount"),
-        max_in_memory: spec.recount_settings().max_in_memory,
+        max_in_memory: config.recount.max_in_memory,
     })
 }
 
@@ -171,6 +162,8 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
         rejected: BTreeMap::new(),
         keys: 0,
         config_version: settings.config_version.clone(),
+        grace_ms: settings.grace_ms,
+        max_in_memory: settings.max_in_memory as u64,
         duration_ms: 0,
     };
     if !ranges.is_empty() {

@@ -2,6 +2,7 @@
 //! versioned rankings (RocksDB), serves them over HTTP and summarises them in the
 //! `TopKMetric` status. `topk reducer` runs it.
 
+pub mod deny;
 pub mod error;
 pub mod exact;
 pub mod hours;
@@ -25,8 +26,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use tokio::sync::watch;
-use topk_api::TopKMetricSpec;
-use topk_api::topics::TopicNames;
+use topk_api::DataPlaneConfig;
+use topk_api::dataplane::std_duration;
 use topk_worker::ControlPlane;
 
 pub use error::Error;
@@ -34,35 +35,28 @@ pub use reducer::{Reducer, ReducerSettings, Shared};
 pub use serve::{Served, query_router};
 pub use state::{ReducerConfig, ReducerState};
 
-/// Resolves what a reducer of this metric merges and where.
-pub fn settings(
-    name: &str,
-    spec: &TopKMetricSpec,
-    namespace: &str,
-    config_version: String,
-) -> Result<ReducerSettings, Error> {
-    let engine = spec
-        .engine_config()
-        .map_err(|e| Error::Config(e.to_string()))?;
-    Ok(ReducerSettings {
-        name: name.to_owned(),
+/// What a reducer of this metric merges, where, and how long it keeps versions.
+pub fn settings(config: &DataPlaneConfig) -> ReducerSettings {
+    let engine = &config.engine;
+    let tuning = &config.reducer;
+    ReducerSettings {
+        name: config.name.clone(),
         merge: ReducerConfig {
             metric: engine.metric.clone(),
-            config_version,
+            config_version: config.config_version(),
             shards: engine.shards,
             k: engine.k,
             windows: engine.windows.iter().map(|w| w.name.clone()).collect(),
             window_lengths: engine.windows.iter().map(|w| w.length_ms).collect(),
         },
         bucket_ms: engine.windows.iter().map(|w| w.bucket_ms).collect(),
-        deny_keys: spec.deny_keys.clone(),
-        bootstrap: spec.source.kafka.bootstrap_servers.clone(),
-        topics: TopicNames::of(namespace, name),
+        bootstrap: config.kafka.bootstrap_servers.clone(),
+        topics: config.kafka.topics.clone(),
         state_dir: PathBuf::from("/var/lib/topk"),
-        stale_after: Duration::from_secs(120),
-        keep_versions: 100,
-        keep_for: Duration::from_secs(24 * 3600),
-    })
+        stale_after: std_duration(tuning.stale_after),
+        keep_versions: tuning.keep_versions.max(1),
+        keep_for: std_duration(tuning.keep_for),
+    }
 }
 
 /// The query API plus `/metrics`, `/healthz`, `/readyz` and `POST /admin/rollback`.
@@ -203,25 +197,36 @@ pub async fn write_status_loop(shared: Arc<Shared>, target: StatusTarget) {
     }
 }
 
-/// Runs a reducer until SIGTERM/SIGINT.
+/// Runs a reducer until SIGTERM/SIGINT. Outside a cluster the deny list is read again from
+/// `config_file`; in one, from the config ConfigMap and the one it references.
 pub async fn run(
     settings: ReducerSettings,
     control: ControlPlane,
+    config_file: PathBuf,
     status: Option<StatusTarget>,
     listener: tokio::net::TcpListener,
 ) -> Result<(), Error> {
     let shared = reducer::open_shared(&settings)?;
     let (table_tx, table_rx) = watch::channel(None);
+    let (deny_tx, deny_rx) = watch::channel(None);
+    let names = topk_api::names::Names::of(&settings.name);
     match control {
         ControlPlane::Files { assignment, .. } => {
             tokio::spawn(topk_worker::control::watch_file(assignment, table_tx));
+            tokio::spawn(deny::watch_file(config_file, deny_tx));
         }
         ControlPlane::Kubernetes { client, namespace } => {
             tokio::spawn(topk_worker::control::watch_configmap(
+                client.clone(),
+                namespace.clone(),
+                names.assignment,
+                table_tx,
+            ));
+            tokio::spawn(deny::watch_cluster(
                 client,
                 namespace,
-                topk_api::names::Names::of(&settings.name).assignment,
-                table_tx,
+                names.config,
+                deny_tx,
             ));
         }
     }
@@ -234,7 +239,7 @@ pub async fn run(
             tracing::error!(%err, "HTTP server stopped");
         }
     });
-    let mut reducer = Reducer::new(settings, shared, table_rx)?;
+    let mut reducer = Reducer::new(settings, shared, table_rx, deny_rx)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stopper = stop.clone();
     let merging = tokio::task::spawn_blocking(move || reducer.run(&stopper));

@@ -55,6 +55,7 @@ pub struct ReducerMetrics {
     pub grade_rank_displacement: Gauge,
     pub graded_hour_seconds: Gauge,
     pub grade_bound_violations: Counter,
+    pub denied_keys: Gauge,
 }
 
 impl Default for ReducerMetrics {
@@ -82,6 +83,7 @@ impl Default for ReducerMetrics {
             grade_rank_displacement: Gauge::default(),
             graded_hour_seconds: Gauge::default(),
             grade_bound_violations: Counter::default(),
+            denied_keys: Gauge::default(),
             registry: Registry::default(),
         };
         for outcome in Outcome::ALL {
@@ -149,6 +151,11 @@ impl Default for ReducerMetrics {
             "kafka_errors",
             "Errors reported by the summaries consumer",
             m.kafka_errors.clone(),
+        );
+        r.register(
+            "denied_keys",
+            "Keys left out of the published lists now (spec and referenced ConfigMap)",
+            m.denied_keys.clone(),
         );
         r.register(
             "exact_hours",

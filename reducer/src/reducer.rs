@@ -12,10 +12,10 @@ use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
-use topk_api::RankingRecord;
 use topk_api::assignment::AssignmentTable;
 use topk_api::record::{ExactHourManifest, SummaryRecord, exact_until};
 use topk_api::topics::TopicNames;
+use topk_api::{DenyList, RankingRecord};
 use topk_engine::Ranking;
 use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
 
@@ -44,7 +44,6 @@ pub struct ReducerSettings {
     pub merge: ReducerConfig,
     /// Bucket width of each window (same order), for the staleness threshold.
     pub bucket_ms: Vec<i64>,
-    pub deny_keys: Vec<String>,
     pub bootstrap: String,
     pub topics: TopicNames,
     pub state_dir: PathBuf,
@@ -87,6 +86,8 @@ pub struct Reducer {
     shared: Arc<Shared>,
     consumer: BaseConsumer,
     tables: watch::Receiver<Option<AssignmentTable>>,
+    /// The deny list; `None` until it is known, and nothing is published before.
+    deny: watch::Receiver<Option<DenyList>>,
     next_versions: HashMap<(String, String), u64>,
     last_published: Vec<Instant>,
     /// Per window, the shards last reported missing (None before the first housekeeping
@@ -136,6 +137,7 @@ impl Reducer {
         settings: ReducerSettings,
         shared: Arc<Shared>,
         mut tables: watch::Receiver<Option<AssignmentTable>>,
+        mut deny: watch::Receiver<Option<DenyList>>,
     ) -> Result<Self, Error> {
         let meta = shared.store.meta(&settings.merge.windows)?;
         let ends: Vec<Option<i64>> = settings
@@ -145,7 +147,9 @@ impl Reducer {
             .map(|w| meta.published_ends.get(w).copied())
             .collect();
         let mut state = ReducerState::new(settings.merge.clone(), &ends);
-        state.set_deny(settings.deny_keys.iter().cloned());
+        if let Some(list) = deny.borrow_and_update().clone() {
+            state.replace_deny(list);
+        }
         // A table already in the channel counts as seen by it: take it now.
         let initial = tables.borrow_and_update().clone();
         if let Some(table) = initial {
@@ -184,6 +188,7 @@ impl Reducer {
             shared,
             consumer,
             tables,
+            deny,
             next_versions: HashMap::new(),
             last_published: vec![Instant::now(); windows],
             reported_missing: vec![None; windows],
@@ -253,7 +258,33 @@ impl Reducer {
                 }
             }
         }
-        let publications = self.state.publish_ready();
+        let changed_deny = if self.deny.has_changed().unwrap_or(false) {
+            self.deny.borrow_and_update().clone()
+        } else {
+            None
+        };
+        if let Some(list) = changed_deny {
+            let again = self.state.replace_deny(list);
+            self.shared
+                .metrics
+                .denied_keys
+                .set(self.state.denied_count() as i64);
+            if !again.is_empty() {
+                tracing::info!(
+                    keys = self.state.denied_count(),
+                    windows = again.len(),
+                    "deny list changed; publishing every window's last lists again"
+                );
+                self.publish(again, true)?;
+            }
+        }
+        // Until the deny list is known, summaries wait: a list published now could hold a
+        // denied key.
+        let publications = if self.deny.borrow().is_some() {
+            self.state.publish_ready()
+        } else {
+            Vec::new()
+        };
         let hours = self.state.take_hours();
         self.hours.put_streaming(&hours)?;
         for hour in &hours {

@@ -111,6 +111,8 @@ struct WindowState {
     published_end: Option<i64>,
     /// Window end -> shard -> its summary for that end.
     pending: BTreeMap<i64, BTreeMap<u32, Pending>>,
+    /// The summaries of the last published end, merged again when the deny list changes.
+    last_complete: Option<(i64, BTreeMap<u32, Pending>)>,
     known_scopes: BTreeSet<String>,
 }
 
@@ -166,11 +168,6 @@ impl ReducerState {
 
     pub fn quarantined(&self) -> usize {
         self.quarantine.len()
-    }
-
-    /// Keys left out of every list published from now on.
-    pub fn set_deny(&mut self, keys: impl IntoIterator<Item = String>) {
-        self.deny = keys.into_iter().collect();
     }
 
     /// Whether `key` is left out of the lists (also of those composed from exact hours).
@@ -302,30 +299,46 @@ impl ReducerState {
             };
             window.pending.retain(|e, _| *e > end);
             window.published_end = Some(end);
-            let summaries: Vec<&ShardSummary> = complete.values().map(|p| &p.summary).collect();
-            let deny = &self.deny;
-            let rankings = merge_known(
-                &summaries,
+            out.push(merged(
+                self.cfg.windows[w].clone(),
                 self.cfg.k,
-                &|key| deny.contains(key),
+                &self.deny,
                 &mut window.known_scopes,
-            );
-            out.push(Publication {
-                window: self.cfg.windows[w].clone(),
-                window_end_ms: end,
-                rankings,
-                input_range: complete
-                    .iter()
-                    .map(|(shard, p)| ShardOffset {
-                        shard: *shard,
-                        epoch: p.summary.epoch,
-                        offset: p.input_offset,
-                    })
-                    .collect(),
-                exact_until_ms: None,
-            });
+                end,
+                &complete,
+            ));
+            window.last_complete = Some((end, complete));
         }
         out
+    }
+
+    /// Takes a new deny list; when it differs, returns every window's last published end
+    /// merged again under it (new versions of the same ends: a denied key leaves the lists at
+    /// once, a lifted one comes back with its count).
+    pub fn replace_deny(&mut self, keys: BTreeSet<String>) -> Vec<Publication> {
+        if keys == self.deny {
+            return Vec::new();
+        }
+        self.deny = keys;
+        let mut out = Vec::new();
+        for (w, window) in self.windows.iter_mut().enumerate() {
+            if let Some((end, complete)) = &window.last_complete {
+                out.push(merged(
+                    self.cfg.windows[w].clone(),
+                    self.cfg.k,
+                    &self.deny,
+                    &mut window.known_scopes,
+                    *end,
+                    complete,
+                ));
+            }
+        }
+        out
+    }
+
+    /// How many keys are denied now.
+    pub fn denied_count(&self) -> usize {
+        self.deny.len()
     }
 
     /// The clock hours whose streaming lists completed since the last call, oldest first.
@@ -359,6 +372,32 @@ impl ReducerState {
             .map(|p| p.record_offset);
         let quarantined = self.quarantine.iter().map(|(_, offset)| *offset);
         pending.chain(quarantined).fold(next, i64::min)
+    }
+}
+
+/// The lists of one complete window end.
+fn merged(
+    window: String,
+    k: usize,
+    deny: &BTreeSet<String>,
+    known_scopes: &mut BTreeSet<String>,
+    end: i64,
+    complete: &BTreeMap<u32, Pending>,
+) -> Publication {
+    let summaries: Vec<&ShardSummary> = complete.values().map(|p| &p.summary).collect();
+    Publication {
+        window,
+        window_end_ms: end,
+        rankings: merge_known(&summaries, k, &|key| deny.contains(key), known_scopes),
+        input_range: complete
+            .iter()
+            .map(|(shard, p)| ShardOffset {
+                shard: *shard,
+                epoch: p.summary.epoch,
+                offset: p.input_offset,
+            })
+            .collect(),
+        exact_until_ms: None,
     }
 }
 
@@ -538,7 +577,7 @@ mod tests {
     fn the_newest_complete_end_wins_and_denied_keys_vanish() {
         let mut state = ReducerState::new(cfg(), &[None]);
         state.set_table(table(1, [1, 1]));
-        state.set_deny(["x".to_owned()]);
+        assert!(state.replace_deny(["x".to_owned()].into()).is_empty());
         for (seq, end) in [(1, 60_000), (2, 70_000), (3, 80_000)] {
             state.offer(record(0, 1, seq, end, &[("x", 9), ("a", seq)]), seq as i64);
         }
@@ -577,6 +616,35 @@ mod tests {
         assert_eq!(
             state.offer(record(0, 1, 1, 0, &[]), 0),
             Outcome::AlreadyPublished
+        );
+    }
+
+    #[test]
+    fn a_deny_list_change_republishes_the_last_end_and_lifting_restores_the_count() {
+        let mut state = ReducerState::new(cfg(), &[None]);
+        state.set_table(table(1, [1, 1]));
+        state.offer(record(0, 1, 1, 60_000, &[("x", 9), ("a", 2)]), 0);
+        state.offer(record(1, 1, 1, 60_000, &[("x", 1), ("b", 1)]), 1);
+        let first = state.publish_ready();
+        assert_eq!(keys(&first[0])[0], ("x".into(), 10));
+        let denied = state.replace_deny(["x".to_owned()].into());
+        assert_eq!(denied.len(), 1, "the last end is published again at once");
+        assert_eq!(denied[0].window_end_ms, 60_000);
+        assert_eq!(keys(&denied[0]), vec![("a".into(), 2), ("b".into(), 1)]);
+        assert!(
+            state.replace_deny(["x".to_owned()].into()).is_empty(),
+            "the same list again changes nothing"
+        );
+        // Still denied in later ends.
+        state.offer(record(0, 1, 2, 70_000, &[("x", 20), ("a", 3)]), 2);
+        state.offer(record(1, 1, 2, 70_000, &[("b", 1)]), 3);
+        let later = state.publish_ready();
+        assert!(keys(&later[0]).iter().all(|(key, _)| key != "x"));
+        let lifted = state.replace_deny(Default::default());
+        assert_eq!(
+            keys(&lifted[0])[0],
+            ("x".into(), 20),
+            "back with its true count"
         );
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use serde_json::Value;
 use tokio::sync::watch;
+use topk_api::DenyList;
 use topk_api::assignment::{AssignmentTable, ShardOwner};
 use topk_api::record::SummaryRecord;
 use topk_api::topics::TopicNames;
@@ -74,6 +75,7 @@ struct Running {
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     base: String,
     tables: watch::Sender<Option<AssignmentTable>>,
+    deny: watch::Sender<Option<DenyList>>,
     shared: Arc<topk_reducer::Shared>,
 }
 
@@ -92,7 +94,9 @@ impl Running {
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let server = runtime.spawn(async move { axum::serve(listener, app).await });
         let (tables, rx) = watch::channel(Some(table));
-        let mut reducer = Reducer::new(settings.clone(), shared.clone(), rx).expect("reducer");
+        let (deny, deny_rx) = watch::channel(Some(DenyList::from(["banned".to_owned()])));
+        let mut reducer =
+            Reducer::new(settings.clone(), shared.clone(), rx, deny_rx).expect("reducer");
         let stop = Arc::new(AtomicBool::new(false));
         let stopper = stop.clone();
         let thread = std::thread::spawn(move || reducer.run(&stopper).expect("reducer run"));
@@ -102,6 +106,7 @@ impl Running {
             server,
             base,
             tables,
+            deny,
             shared,
         }
     }
@@ -204,7 +209,6 @@ fn reducer_merges_fences_serves_and_recovers() {
             window_lengths: vec![Some(60_000)],
         },
         bucket_ms: vec![100],
-        deny_keys: vec!["banned".into()],
         bootstrap: env.kafka_bootstrap.clone(),
         topics: topics.clone(),
         state_dir: dir.path().to_owned(),
@@ -324,6 +328,22 @@ fn reducer_merges_fences_serves_and_recovers() {
             .expect("versions")
             .contains(&1)
     );
+
+    // A takedown while running: the last lists are published again without the key, with no
+    // new summary; lifting it brings the key back with its count.
+    reducer
+        .deny
+        .send_replace(Some(DenyList::from(["banned".to_owned(), "g".to_owned()])));
+    let v5 = await_list(&base, "the list without g", |l| l["version"] == 5);
+    assert_eq!(keys(&v5), [("f".into(), 1)]);
+    assert_eq!(
+        v5["windowEnd"], v4["windowEnd"],
+        "the same window end again"
+    );
+    await_metrics(&base, "topk_reducer_denied_keys 2");
+    reducer.deny.send_replace(Some(DenyList::new()));
+    let v6 = await_list(&base, "g back", |l| l["version"] == 6);
+    assert_eq!(keys(&v6), [("g".into(), 2), ("f".into(), 1)]);
 
     // Rollback through the admin endpoint, and its errors.
     let post = |query: &str| {

@@ -129,10 +129,11 @@ windows:
 "#
     );
     let manifest = metric_manifest(name, "bench", &env.kafka_bootstrap, topic, &spec);
-    let metric = topk_api::load_manifest(&manifest).expect("manifest");
+    let mut metric = topk_api::load_manifest(&manifest).expect("manifest");
+    metric.metadata.namespace = Some("bench".into());
+    let config = topk_api::DataPlaneConfig::from_metric(&metric).expect("config");
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings =
-        topk_worker::settings(name, &metric.spec, "bench", 0, "bench".into()).expect("settings");
+    let mut settings = topk_worker::settings(&config, 0).expect("settings");
     settings.state_dir = dir.path().to_owned();
     // More often than the default (5 s), so that checkpoints fall inside the timed stretch.
     settings.checkpoint_every = Duration::from_secs(1);

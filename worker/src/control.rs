@@ -55,21 +55,48 @@ pub async fn watch_configmap(
     name: String,
     tx: watch::Sender<Option<AssignmentTable>>,
 ) {
+    let from = name.clone();
+    watch_configmap_key(
+        client,
+        namespace,
+        name,
+        ASSIGNMENT_KEY.to_owned(),
+        move |text| {
+            if let Some(table) = text.and_then(|t| parse_table(t, &from)) {
+                tx.send_replace(Some(table));
+            }
+        },
+    )
+    .await
+}
+
+/// Calls `on_value` with the text of `key` in ConfigMap `name` whenever it may have changed,
+/// through a watch on the API: `None` once the ConfigMap or its key is known to be absent.
+pub async fn watch_configmap_key(
+    client: Client,
+    namespace: String,
+    name: String,
+    key: String,
+    mut on_value: impl FnMut(Option<&str>) + Send + 'static,
+) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher::watcher(api, config).boxed();
+    let value = |cm: &ConfigMap| cm.data.as_ref().and_then(|d| d.get(&key)).cloned();
+    let mut listed = false;
     while let Some(event) = events.next().await {
         match event {
-            Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
-                if let Some(text) = cm.data.as_ref().and_then(|d| d.get(ASSIGNMENT_KEY))
-                    && let Some(table) = parse_table(text, &name)
-                {
-                    tx.send_replace(Some(table));
-                }
+            Ok(watcher::Event::Init) => listed = false,
+            Ok(watcher::Event::InitApply(cm)) => {
+                listed = true;
+                on_value(value(&cm).as_deref());
             }
-            Ok(_) => {}
+            Ok(watcher::Event::InitDone) if !listed => on_value(None),
+            Ok(watcher::Event::Apply(cm)) => on_value(value(&cm).as_deref()),
+            Ok(watcher::Event::Delete(_)) => on_value(None),
+            Ok(watcher::Event::InitDone) => {}
             Err(err) => {
-                tracing::warn!(%err, "assignment watch interrupted; retrying");
+                tracing::warn!(%err, configmap = name, "ConfigMap watch interrupted; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }

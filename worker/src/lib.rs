@@ -13,40 +13,23 @@ pub mod worker;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
-use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
-use topk_api::TopKMetricSpec;
-use topk_api::topics::TopicNames;
+use topk_api::DataPlaneConfig;
+use topk_api::dataplane::std_duration;
 
 pub use error::Error;
 pub use topk_api::record::SummaryRecord;
 pub use worker::{Health, Worker, WorkerSettings};
 
-/// The rendered pipeline config the operator mounts (`metric.json`).
-#[derive(Deserialize)]
-struct Rendered {
-    name: String,
-    spec: TopKMetricSpec,
-}
-
-/// Reads the config the operator renders (JSON), or a TopKMetric manifest (YAML). Returns the
-/// metric's name, its spec and a version string (hash of the file).
-pub fn load_config(path: &Path) -> Result<(String, TopKMetricSpec, String), Error> {
+/// Reads the config the operator renders (JSON), or a TopKMetric manifest (YAML).
+pub fn load_config(path: &Path) -> Result<DataPlaneConfig, Error> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
-    let version = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()));
-    if let Ok(rendered) = serde_json::from_str::<Rendered>(&text) {
-        return Ok((rendered.name, rendered.spec, version));
-    }
-    let metric = topk_api::load_manifest(&text)
-        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-    let name = metric.metadata.name.clone().unwrap_or_default();
-    Ok((name, metric.spec, version))
+    DataPlaneConfig::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
 }
 
 /// Where the assignment table comes from and where the applied version goes.
@@ -63,36 +46,29 @@ pub enum ControlPlane {
     },
 }
 
-/// Resolves the engine config and topic names of a worker.
-pub fn settings(
-    name: &str,
-    spec: &TopKMetricSpec,
-    namespace: &str,
-    ordinal: u32,
-    config_version: String,
-) -> Result<WorkerSettings, Error> {
-    let engine = spec
-        .engine_config()
-        .map_err(|e| Error::Config(e.to_string()))?;
+/// What worker `ordinal` of this metric runs by.
+pub fn settings(config: &DataPlaneConfig, ordinal: u32) -> Result<WorkerSettings, Error> {
+    let engine = config.engine.clone();
     if ordinal >= engine.shards {
         return Err(Error::Config(format!(
             "worker ordinal {ordinal} is not below shards ({})",
             engine.shards
         )));
     }
+    let timing = &config.worker;
     Ok(WorkerSettings {
-        name: name.to_owned(),
+        name: config.name.clone(),
         ordinal,
         engine,
-        config_version,
-        bootstrap: spec.source.kafka.bootstrap_servers.clone(),
-        input_topic: spec.source.kafka.topic.clone(),
-        topics: TopicNames::of(namespace, name),
+        config_version: config.config_version(),
+        bootstrap: config.kafka.bootstrap_servers.clone(),
+        input_topic: config.kafka.input_topic.clone(),
+        topics: config.kafka.topics.clone(),
         state_dir: PathBuf::from("/var/lib/topk"),
-        checkpoint_every: Duration::from_secs(5),
-        snapshot_every: Duration::from_secs(60),
-        idle_timeout: Duration::from_secs(30),
-        handoff_wait: Duration::from_secs(30),
+        checkpoint_every: std_duration(timing.checkpoint_interval),
+        snapshot_every: std_duration(timing.snapshot_interval),
+        idle_timeout: std_duration(timing.idle_timeout),
+        handoff_wait: std_duration(timing.handoff_wait),
     })
 }
 

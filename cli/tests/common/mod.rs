@@ -2,10 +2,26 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// What the operator renders for `manifest` in namespace `ns` (its config ConfigMap's
+/// `metric.json`), written into `dir`: the data-plane tests run what the pods run.
+pub fn rendered_config(dir: &Path, manifest: &str, ns: &str) -> PathBuf {
+    let mut metric = topk_api::load_manifest(manifest).expect("manifest");
+    metric.metadata.namespace = Some(ns.to_owned());
+    metric.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_owned());
+    let table = topk_operator::planner::plan(metric.spec.shards, None, 1);
+    let desired = topk_operator::builders::desired(&metric, &table, &Default::default())
+        .expect("the operator's objects");
+    let rendered = desired.config.data.expect("config data")[topk_api::CONFIG_KEY].clone();
+    let path = dir.join(topk_api::CONFIG_KEY);
+    std::fs::write(&path, rendered).expect("write the rendered config");
+    path
+}
 
 pub fn topk() -> Command {
     Command::new(env!("CARGO_BIN_EXE_topk"))

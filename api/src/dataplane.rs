@@ -1,0 +1,571 @@
+//! The one contract between a `TopKMetric` and its pods: everything a worker, a reducer or a
+//! recount Job runs by, with every default applied here and nowhere else. The operator renders
+//! it into the metric's ConfigMap (key [`CONFIG_KEY`]); the data-plane commands read only it,
+//! plus their identity (ordinal, hour) and paths. `topk run` and local runs build it from a
+//! manifest through the same constructor.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use topk_engine::EngineConfig;
+
+use crate::duration::Duration;
+use crate::error::ApiError;
+use crate::manifest::{ConfigMapKey, TopKMetric, load_manifest};
+use crate::names::Names;
+use crate::topics::TopicNames;
+
+/// Key of the rendered config in the metric's config ConfigMap (`NAME-config`).
+pub const CONFIG_KEY: &str = "metric.json";
+
+const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_millis(5_000);
+const DEFAULT_SNAPSHOT_INTERVAL: Duration = Duration::from_millis(60_000);
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_millis(30_000);
+const DEFAULT_HANDOFF_WAIT: Duration = Duration::from_millis(30_000);
+const DEFAULT_STALE_AFTER: Duration = Duration::from_millis(120_000);
+const DEFAULT_KEEP_VERSIONS: usize = 100;
+const DEFAULT_KEEP_FOR: Duration = Duration::from_millis(24 * 3_600_000);
+const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_millis(5_000);
+
+/// What the data plane of one TopKMetric runs by.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataPlaneConfig {
+    /// The TopKMetric's name and namespace: they name its topics and ConfigMaps.
+    pub name: String,
+    pub namespace: String,
+    /// The counting contract: summaries are merged only between pods with the same one.
+    pub engine: EngineConfig,
+    pub kafka: KafkaConfig,
+    pub worker: WorkerTiming,
+    pub reducer: ReducerTuning,
+    pub recount: RecountConfig,
+    /// Read live by the reducers: changing it restarts nothing.
+    pub deny: DenySource,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KafkaConfig {
+    pub bootstrap_servers: String,
+    pub input_topic: String,
+    pub topics: TopicNames,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerTiming {
+    /// How often shard state and input offsets are checkpointed.
+    pub checkpoint_interval: Duration,
+    /// How often shard snapshots also go to the handoff topic.
+    pub snapshot_interval: Duration,
+    /// A caught-up shard without events for this long has its watermark moved by the clock.
+    pub idle_timeout: Duration,
+    /// How long a worker gaining a moved shard waits for the previous owner's release.
+    pub handoff_wait: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReducerTuning {
+    /// A window's lists are stale when nothing newer was published for this long (or two of
+    /// its buckets, if longer).
+    pub stale_after: Duration,
+    /// Versions kept per list, whatever their age.
+    pub keep_versions: usize,
+    /// Older versions than this are deleted (beyond the newest and the served one).
+    pub keep_for: Duration,
+    /// How often replica 0 writes the ranking summary into the TopKMetric status at most.
+    pub status_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecountConfig {
+    /// Events of an hour may arrive this long after it ends and still be in its recount.
+    pub grace: Duration,
+    /// Distinct (scope, key) pairs, and as many event ids, held in memory before spilling.
+    pub max_in_memory: usize,
+}
+
+/// Where the deny list comes from: the spec's keys and, optionally, a ConfigMap key.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DenySource {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapKey>,
+}
+
+/// The keys left out of every published list.
+pub type DenyList = BTreeSet<String>;
+
+impl DenySource {
+    /// The spec's keys, with those of `referenced` (the value of the ConfigMap key it names,
+    /// when that has been read) added.
+    pub fn list(&self, referenced: Option<&str>) -> DenyList {
+        let mut keys: DenyList = self.keys.iter().cloned().collect();
+        if let Some(text) = referenced {
+            keys.extend(parse_deny_lines(text));
+        }
+        keys
+    }
+}
+
+/// The keys of a deny-list ConfigMap value: one per line; blank lines and lines starting with
+/// `#` are skipped, and surrounding spaces are not part of a key.
+pub fn parse_deny_lines(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(str::to_owned)
+}
+
+/// The parts of the config one kind of pod restarts for; see [`DataPlaneConfig::rollout_hash`].
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Rollout<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    engine: &'a EngineConfig,
+    kafka: &'a KafkaConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker: Option<&'a WorkerTiming>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reducer: Option<&'a ReducerTuning>,
+}
+
+/// The pods whose template carries a rollout hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Worker,
+    Reducer,
+}
+
+fn hash_of(value: &impl Serialize) -> String {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
+}
+
+impl DataPlaneConfig {
+    /// The config of `metric`, validated, with every default applied. The namespace defaults
+    /// to `default` (a manifest run outside a cluster).
+    pub fn from_metric(metric: &TopKMetric) -> Result<Self, ApiError> {
+        let spec = &metric.spec;
+        let engine = spec.engine_config()?;
+        let name = metric.metadata.name.clone().unwrap_or_default();
+        let namespace = metric
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        let workers = spec.workers.as_ref();
+        let recount = spec.recount_settings();
+        Ok(Self {
+            kafka: KafkaConfig {
+                bootstrap_servers: spec.source.kafka.bootstrap_servers.clone(),
+                input_topic: spec.source.kafka.topic.clone(),
+                topics: TopicNames::of(&namespace, &name),
+            },
+            worker: WorkerTiming {
+                checkpoint_interval: workers
+                    .and_then(|w| w.checkpoint_interval)
+                    .unwrap_or(DEFAULT_CHECKPOINT_INTERVAL),
+                snapshot_interval: workers
+                    .and_then(|w| w.snapshot_interval)
+                    .unwrap_or(DEFAULT_SNAPSHOT_INTERVAL),
+                idle_timeout: workers
+                    .and_then(|w| w.idle_timeout)
+                    .unwrap_or(DEFAULT_IDLE_TIMEOUT),
+                handoff_wait: workers
+                    .and_then(|w| w.handoff_wait)
+                    .unwrap_or(DEFAULT_HANDOFF_WAIT),
+            },
+            reducer: ReducerTuning {
+                stale_after: DEFAULT_STALE_AFTER,
+                keep_versions: DEFAULT_KEEP_VERSIONS,
+                keep_for: DEFAULT_KEEP_FOR,
+                status_interval: DEFAULT_STATUS_INTERVAL,
+            },
+            recount: RecountConfig {
+                grace: Duration::from_millis(recount.grace_ms),
+                max_in_memory: recount.max_in_memory,
+            },
+            deny: DenySource {
+                keys: spec.deny_keys.clone(),
+                config_map: spec
+                    .deny_keys_from
+                    .as_ref()
+                    .map(|from| from.config_map_key_ref.clone()),
+            },
+            engine,
+            name,
+            namespace,
+        })
+    }
+
+    /// Reads a rendered config (JSON, as the operator writes it) or a TopKMetric manifest
+    /// (YAML), which goes through [`Self::from_metric`].
+    pub fn parse(text: &str) -> Result<Self, ApiError> {
+        if text.trim_start().starts_with('{') {
+            return serde_json::from_str(text)
+                .map_err(|e| ApiError::Parse(format!("rendered config: {e}")));
+        }
+        Self::from_metric(&load_manifest(text)?)
+    }
+
+    /// The JSON the operator renders into the ConfigMap.
+    pub fn render(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Names of the metric's Kubernetes objects.
+    pub fn names(&self) -> Names {
+        Names::of(&self.name)
+    }
+
+    /// The version every summary carries: pods merge only summaries of the same counting
+    /// contract (engine config and topics), so it leaves out timing, tuning and the deny list.
+    pub fn config_version(&self) -> String {
+        hash_of(&Rollout {
+            name: &self.name,
+            namespace: &self.namespace,
+            engine: &self.engine,
+            kafka: &self.kafka,
+            worker: None,
+            reducer: None,
+        })
+    }
+
+    /// The hash in a component's pod template: exactly the fields that pod reads at start-up
+    /// and must restart for. The recount settings (read by each Job when it starts) and the
+    /// deny list (read live) are not in it, nor is the other component's tuning.
+    pub fn rollout_hash(&self, component: Component) -> String {
+        hash_of(&Rollout {
+            name: &self.name,
+            namespace: &self.namespace,
+            engine: &self.engine,
+            kafka: &self.kafka,
+            worker: (component == Component::Worker).then_some(&self.worker),
+            reducer: (component == Component::Reducer).then_some(&self.reducer),
+        })
+    }
+}
+
+/// A config duration as the std type (at least 1 ms).
+pub fn std_duration(d: Duration) -> std::time::Duration {
+    std::time::Duration::from_millis(d.as_millis().max(1) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// What a spec field does once changed.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Route {
+        /// Rendered, and the pods of these components restart for it.
+        Restarts(&'static [Component]),
+        /// Rendered, read live by the reducers: nothing restarts.
+        Live,
+        /// Rendered, read by each recount Job when it starts: nothing restarts.
+        RecountJobs,
+        /// Not rendered: only the operator acts on it, for the reason given.
+        OperatorOnly(&'static str),
+    }
+
+    const BOTH: &[Component] = &[Component::Worker, Component::Reducer];
+
+    /// Every spec field, the change the test makes to it (a JSON pointer into [`full_spec`]
+    /// and a new value), and where it must go.
+    fn routes() -> Vec<(&'static str, &'static str, Value, Route)> {
+        use Route::*;
+        vec![
+            ("metric", "/metric", json!("other"), Restarts(BOTH)),
+            (
+                "source.kafka.bootstrapServers",
+                "/source/kafka/bootstrapServers",
+                json!("b:9092"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.topic",
+                "/source/kafka/topic",
+                json!("other"),
+                Restarts(BOTH),
+            ),
+            ("shards", "/shards", json!(8), Restarts(BOTH)),
+            ("k", "/k", json!(20), Restarts(BOTH)),
+            ("mode", "", json!(null), Restarts(BOTH)),
+            (
+                "sketch.epsilon",
+                "/sketch/epsilon",
+                json!(0.002),
+                Restarts(BOTH),
+            ),
+            ("sketch.delta", "/sketch/delta", json!(0.02), Restarts(BOTH)),
+            (
+                "sketch.candidates",
+                "/sketch/candidates",
+                json!(60),
+                Restarts(BOTH),
+            ),
+            (
+                "allowedLateness",
+                "/allowedLateness",
+                json!("2m"),
+                Restarts(BOTH),
+            ),
+            (
+                "maxFutureSkew",
+                "/maxFutureSkew",
+                json!("6m"),
+                Restarts(BOTH),
+            ),
+            ("maxKeyBytes", "/maxKeyBytes", json!(200), Restarts(BOTH)),
+            (
+                "windows[].name",
+                "/windows/0/name",
+                json!("hour"),
+                Restarts(BOTH),
+            ),
+            (
+                "windows[].length",
+                "/windows/0/length",
+                json!("2h"),
+                Restarts(BOTH),
+            ),
+            (
+                "windows[].bucket",
+                "/windows/0/bucket",
+                json!("2m"),
+                Restarts(BOTH),
+            ),
+            (
+                "windows[].allTime",
+                "/windows/1",
+                json!({"name": "all", "length": "2h", "bucket": "1h"}),
+                Restarts(BOTH),
+            ),
+            (
+                "workers.replicas",
+                "/workers/replicas",
+                json!(3),
+                OperatorOnly("the StatefulSet's replicas and the shard plan"),
+            ),
+            (
+                "workers.checkpointInterval",
+                "/workers/checkpointInterval",
+                json!("6s"),
+                Restarts(&[Component::Worker]),
+            ),
+            (
+                "workers.snapshotInterval",
+                "/workers/snapshotInterval",
+                json!("61s"),
+                Restarts(&[Component::Worker]),
+            ),
+            (
+                "workers.idleTimeout",
+                "/workers/idleTimeout",
+                json!("31s"),
+                Restarts(&[Component::Worker]),
+            ),
+            (
+                "workers.handoffWait",
+                "/workers/handoffWait",
+                json!("31s"),
+                Restarts(&[Component::Worker]),
+            ),
+            (
+                "reducers.replicas",
+                "/reducers/replicas",
+                json!(2),
+                OperatorOnly("the StatefulSet's replicas"),
+            ),
+            ("denyKeys", "/denyKeys", json!(["x", "y"]), Live),
+            (
+                "denyKeysFrom.configMapKeyRef.name",
+                "/denyKeysFrom/configMapKeyRef/name",
+                json!("other"),
+                Live,
+            ),
+            (
+                "denyKeysFrom.configMapKeyRef.key",
+                "/denyKeysFrom/configMapKeyRef/key",
+                json!("other"),
+                Live,
+            ),
+            (
+                "paused",
+                "/paused",
+                json!(true),
+                OperatorOnly("stops the operator's own changes"),
+            ),
+            (
+                "deletionPolicy",
+                "/deletionPolicy",
+                json!("Delete"),
+                OperatorOnly("the operator deletes the topics"),
+            ),
+            (
+                "recount.enabled",
+                "/recount/enabled",
+                json!(false),
+                OperatorOnly("whether the operator starts Jobs"),
+            ),
+            ("recount.grace", "/recount/grace", json!("6m"), RecountJobs),
+            (
+                "recount.backfill",
+                "/recount/backfill",
+                json!("48h"),
+                OperatorOnly("which hours the operator schedules"),
+            ),
+            (
+                "recount.maxConcurrent",
+                "/recount/maxConcurrent",
+                json!(3),
+                OperatorOnly("how many Jobs the operator runs at once"),
+            ),
+            (
+                "recount.minRecall",
+                "/recount/minRecall",
+                json!(0.5),
+                OperatorOnly("the operator's Degraded condition"),
+            ),
+            (
+                "recount.maxInMemory",
+                "/recount/maxInMemory",
+                json!(2000),
+                RecountJobs,
+            ),
+        ]
+    }
+
+    /// A spec with every field set.
+    fn full_spec() -> Value {
+        json!({
+            "metric": "plays",
+            "source": {"kafka": {"bootstrapServers": "a:9092", "topic": "plays"}},
+            "shards": 4, "k": 10, "mode": "approximate",
+            "sketch": {"epsilon": 0.001, "delta": 0.01, "candidates": 50},
+            "allowedLateness": "1m", "maxFutureSkew": "5m", "maxKeyBytes": 100,
+            "windows": [
+                {"name": "1h", "length": "1h", "bucket": "1m"},
+                {"name": "all", "allTime": true, "bucket": "1h"},
+            ],
+            "workers": {"replicas": 2, "checkpointInterval": "5s", "snapshotInterval": "60s", "idleTimeout": "30s", "handoffWait": "30s"},
+            "reducers": {"replicas": 1},
+            "denyKeys": ["x"],
+            "denyKeysFrom": {"configMapKeyRef": {"name": "takedowns", "key": "keys"}},
+            "paused": false, "deletionPolicy": "Retain",
+            "recount": {"enabled": true, "grace": "5m", "backfill": "24h", "maxConcurrent": 2, "minRecall": 0.9, "maxInMemory": 1000000},
+        })
+    }
+
+    fn config(spec: &Value) -> DataPlaneConfig {
+        let metric: TopKMetric = serde_json::from_value(json!({
+            "apiVersion": "topk.io/v1alpha1", "kind": "TopKMetric",
+            "metadata": {"name": "plays", "namespace": "music"},
+            "spec": spec,
+        }))
+        .expect("a TopKMetric");
+        DataPlaneConfig::from_metric(&metric).expect("a valid spec")
+    }
+
+    /// Leaf field paths of an OpenAPI schema (`a.b`, `list[].c`).
+    fn leaves(schema: &Value, prefix: &str, out: &mut Vec<String>) {
+        if let Some(props) = schema["properties"].as_object() {
+            for (name, sub) in props {
+                let path = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                leaves(sub, &path, out);
+            }
+        } else if schema["type"] == "array" && schema["items"]["properties"].is_object() {
+            leaves(&schema["items"], &format!("{prefix}[]"), out);
+        } else {
+            out.push(prefix.to_owned());
+        }
+    }
+
+    #[test]
+    fn every_spec_field_is_rendered_or_left_out_for_a_reason() {
+        let crd = serde_json::to_value(crate::crd::crd()).expect("crd");
+        let spec_schema =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let mut fields = Vec::new();
+        leaves(spec_schema, "", &mut fields);
+        let table = routes();
+        for field in &fields {
+            assert!(
+                table.iter().any(|(path, ..)| path == field),
+                "spec.{field} is neither rendered into the data-plane config nor left out with a reason: add it to DataPlaneConfig::from_metric and to routes()"
+            );
+        }
+        let base_spec = full_spec();
+        let base = config(&base_spec);
+        for (path, pointer, value, route) in table {
+            assert!(fields.iter().any(|f| f == path), "{path} is not in the CRD");
+            let changed = if path == "mode" {
+                let mut spec = base_spec.clone();
+                spec["mode"] = json!("exact");
+                spec.as_object_mut().expect("object").remove("sketch");
+                config(&spec)
+            } else {
+                let mut spec = base_spec.clone();
+                *spec.pointer_mut(pointer).expect(pointer) = value;
+                config(&spec)
+            };
+            let restarts: Vec<Component> = [Component::Worker, Component::Reducer]
+                .into_iter()
+                .filter(|c| changed.rollout_hash(*c) != base.rollout_hash(*c))
+                .collect();
+            match route {
+                Route::Restarts(components) => {
+                    assert_eq!(restarts, components, "{path}: the pods that restart");
+                }
+                Route::Live => {
+                    assert!(restarts.is_empty(), "{path} restarts nothing");
+                    assert_ne!(changed.deny, base.deny, "{path} reaches the deny source");
+                }
+                Route::RecountJobs => {
+                    assert!(restarts.is_empty(), "{path} restarts nothing");
+                    assert_ne!(changed.recount, base.recount, "{path} reaches the Jobs");
+                }
+                Route::OperatorOnly(reason) => {
+                    assert!(!reason.is_empty());
+                    assert_eq!(changed, base, "{path} is not rendered");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_rendered_config_reads_back_and_the_counting_contract_ignores_timing() {
+        let base = config(&full_spec());
+        assert_eq!(DataPlaneConfig::parse(&base.render()).expect("parse"), base);
+        let mut spec = full_spec();
+        spec["workers"]["idleTimeout"] = json!("1s");
+        spec["denyKeys"] = json!([]);
+        assert_eq!(config(&spec).config_version(), base.config_version());
+        spec["k"] = json!(11);
+        assert_ne!(config(&spec).config_version(), base.config_version());
+        assert_eq!(base.kafka.topics.summaries, "topk.music.plays.summaries");
+    }
+
+    #[test]
+    fn deny_lines_skip_blanks_and_comments() {
+        let source = DenySource {
+            keys: vec!["a".into()],
+            config_map: None,
+        };
+        let list = source.list(Some("# takedowns\n b \n\nc\n#d\n"));
+        assert_eq!(list, DenyList::from(["a".into(), "b".into(), "c".into()]));
+    }
+}
