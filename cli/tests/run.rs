@@ -61,24 +61,17 @@ fn fixture() -> (tempfile::TempDir, String, String) {
     (dir, m, i)
 }
 
-fn pairs(v: &[(&str, u64)]) -> Vec<(String, u64)> {
-    v.iter().map(|(k, c)| (k.to_string(), *c)).collect()
-}
-
-#[test]
-fn exit_at_end_prints_every_list_and_the_rejections() {
-    let (_dir, manifest, input) = fixture();
+/// `topk run --exit-at-end --output json` of `manifest` over `input`: the report.
+fn run_to_end(manifest: &str, input: &str) -> Value {
     let out = topk()
+        .args(["run", "--file", manifest, "--input", input])
         .args([
-            "run",
-            "--file",
-            &manifest,
-            "--input",
-            &input,
             "--listen",
             "127.0.0.1:0",
+            "--exit-at-end",
+            "--output",
+            "json",
         ])
-        .args(["--exit-at-end", "--output", "json"])
         .output()
         .unwrap();
     assert!(
@@ -86,7 +79,17 @@ fn exit_at_end_prints_every_list_and_the_rejections() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn pairs(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+    v.iter().map(|(k, c)| (k.to_string(), *c)).collect()
+}
+
+#[test]
+fn exit_at_end_prints_every_list_and_the_rejections() {
+    let (_dir, manifest, input) = fixture();
+    let doc = run_to_end(&manifest, &input);
     assert_eq!(doc["accepted"], 8);
     let rejected = &doc["rejected"];
     assert_eq!(
@@ -244,6 +247,67 @@ fn reads_stdin_with_the_embedded_default_manifest() {
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["accepted"], 3);
     assert_eq!(doc["rankings"][0]["items"][0]["count"], 3);
+}
+
+#[test]
+fn denied_keys_leave_the_lists_and_a_changed_manifest_applies_while_reading() {
+    // At start: the manifest's denyKeys are left out, the next keys move up.
+    let (dir, _, input) = fixture();
+    let denied = dir.path().join("denied.yaml");
+    std::fs::write(
+        &denied,
+        MANIFEST.replace("  k: 3\n", "  k: 3\n  denyKeys: [a, old]\n"),
+    )
+    .unwrap();
+    let doc = run_to_end(denied.to_str().unwrap(), &input);
+    let all = doc["rankings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["window"] == "all" && r["scope"] == "")
+        .unwrap();
+    assert_eq!(list_items(all), pairs(&[("b", 3), ("c", 3), ("e", 1)]));
+
+    // While reading: a takedown written into the manifest applies at the next publication,
+    // and lifting it brings the key back with its whole count.
+    let live = dir.path().join("live.yaml");
+    let with_deny = |keys: &str| {
+        MANIFEST
+            .replace("  k: 3\n", &format!("  k: 3\n  denyKeys: [{keys}]\n"))
+            .replace(
+                "{name: all, allTime: true}",
+                "{name: all, allTime: true, bucket: 10s}",
+            )
+    };
+    std::fs::write(&live, with_deny("")).unwrap();
+    let (server, mut stdin) = common::spawn_piped(&["run", "--file", live.to_str().unwrap()]);
+    let mut second = 0u32;
+    // One event a second of event time: `key` or, by default, a key of its own with count 1,
+    // so that lists keep being published.
+    let mut send = move |key: Option<(&str, u64)>| {
+        second += 1;
+        let time = format!("{:02}:{:02}", second / 60, second % 60);
+        let (key, cost) = key.map_or((format!("z{second}"), 1), |(k, c)| (k.to_owned(), c));
+        writeln!(stdin, "{}", event(&time, &key, "", cost)).unwrap();
+    };
+    send(Some(("a", 5)));
+    send(Some(("b", 2)));
+    let url = format!("{}/v1/rankings/clicks?window=all", server.base);
+    let mut await_top = |what: &str, want: &[(&str, u64)]| {
+        let want = pairs(want);
+        await_some(what, Duration::from_secs(30), || {
+            send(None);
+            let (status, body) = get(&url);
+            let list: Value = serde_json::from_str(&body).ok()?;
+            let top: Vec<_> = list_items(&list).into_iter().take(want.len()).collect();
+            (status == 200 && top == want).then_some(())
+        })
+    };
+    await_top("a on top", &[("a", 5), ("b", 2)]);
+    std::fs::write(&live, with_deny("a")).unwrap();
+    await_top("a taken down", &[("b", 2)]);
+    std::fs::write(&live, with_deny("")).unwrap();
+    await_top("a back", &[("a", 5), ("b", 2)]);
 }
 
 #[test]

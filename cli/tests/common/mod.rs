@@ -47,10 +47,21 @@ pub fn spawn(args: &[&str]) -> Server {
 
 /// [`spawn`] listening on `listen`.
 pub fn spawn_on(args: &[&str], listen: &str) -> Server {
+    start(args, listen, Stdio::null())
+}
+
+/// [`spawn`] with a pipe to its stdin.
+pub fn spawn_piped(args: &[&str]) -> (Server, std::process::ChildStdin) {
+    let mut server = start(args, "127.0.0.1:0", Stdio::piped());
+    let stdin = server.child.stdin.take().expect("stdin piped");
+    (server, stdin)
+}
+
+fn start(args: &[&str], listen: &str, stdin: Stdio) -> Server {
     let mut child = topk()
         .args(args)
         .args(["--listen", listen])
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
