@@ -267,11 +267,13 @@ impl Cluster {
         topic: &str,
         workers: u32,
     ) {
-        self.apply_metric_with(bootstrap, ns, name, topic, workers, &[])
+        self.apply_metric_with(bootstrap, ns, name, topic, workers, &[], "")
             .await;
     }
 
-    /// [`Cluster::apply_metric_on`] with annotations on the new metric.
+    /// [`Cluster::apply_metric_on`] with annotations on the new metric and more spec fields
+    /// (YAML lines).
+    #[allow(clippy::too_many_arguments)]
     async fn apply_metric_with(
         &self,
         bootstrap: &str,
@@ -280,6 +282,7 @@ impl Cluster {
         topic: &str,
         workers: u32,
         annotations: &[(&str, &str)],
+        extra_spec: &str,
     ) {
         let spec = format!(
             r#"
@@ -290,6 +293,7 @@ allowedLateness: 2s
 windows:
   - {{name: 1h, length: 1h, bucket: 1m}}
   - {{name: all, allTime: true, bucket: 10s}}
+{extra_spec}
 "#
         );
         let manifest = metric_manifest(name, "plays", bootstrap, topic, &spec);
@@ -575,6 +579,107 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
     assert_eq!(shards, 4, "{status}");
 }
 
+/// Uid and restart count of every pod of the metric's workers and reducers.
+async fn data_plane_pods(cluster: &Cluster, ns: &str) -> BTreeMap<String, (String, i32)> {
+    let selector = "app.kubernetes.io/name=topk,app.kubernetes.io/instance=plays";
+    Api::<Pod>::namespaced(cluster.client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter(|p| {
+            let component = p.labels().get("app.kubernetes.io/component");
+            component.is_some_and(|c| c == "worker" || c == "reducer")
+        })
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+            (p.name_any(), (p.uid().unwrap_or_default(), restarts))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_takedown_leaves_the_lists_live_and_lifting_it_brings_the_key_back() {
+    let Some(cluster) = Cluster::get("takedown").await else {
+        return;
+    };
+    let (scenario, topic) = cluster.start("takedown").await;
+    let ns = scenario.ns.as_str();
+    let mut counts = BTreeMap::new();
+    play_round(&cluster, ns, &topic, &mut counts, 0).await;
+    let pods = data_plane_pods(&cluster, ns).await;
+    assert_eq!(pods.len(), 3, "two workers and a reducer: {pods:?}");
+    let metrics: Api<TopKMetric> = Api::namespaced(cluster.client.clone(), ns);
+    let patch = |spec: Value| {
+        let metrics = metrics.clone();
+        async move {
+            metrics
+                .patch(
+                    "plays",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": spec})),
+                )
+                .await
+                .expect("patch the metric");
+        }
+    };
+    let without = |denied: &[&str]| {
+        let mut left = counts.clone();
+        left.retain(|key, _| !denied.contains(&key.as_str()));
+        left
+    };
+    // The leader taken down in the spec: gone from the list, no new event needed.
+    patch(json!({"denyKeys": ["song-11"]})).await;
+    await_exact(&cluster, ns, "plays", &without(&["song-11"])).await;
+    // More keys from a ConfigMap the spec points at, and that ConfigMap edited.
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), ns);
+    let takedowns = |keys: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "takedowns"},
+            "data": {"keys": keys},
+        }))
+        .expect("ConfigMap")
+    };
+    configmaps
+        .create(&PostParams::default(), &takedowns("# legal\nsong-10\n"))
+        .await
+        .expect("create the takedowns ConfigMap");
+    patch(json!({"denyKeysFrom": {"configMapKeyRef": {"name": "takedowns", "key": "keys"}}})).await;
+    await_exact(&cluster, ns, "plays", &without(&["song-11", "song-10"])).await;
+    configmaps
+        .patch(
+            "takedowns",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": {"keys": "song-9\n"}})),
+        )
+        .await
+        .expect("edit the takedowns");
+    await_exact(&cluster, ns, "plays", &without(&["song-11", "song-9"])).await;
+    // Lifted: every key back with its true count.
+    patch(json!({"denyKeys": null, "denyKeysFrom": null})).await;
+    await_exact(&cluster, ns, "plays", &counts).await;
+    assert_eq!(
+        data_plane_pods(&cluster, ns).await,
+        pods,
+        "takedowns restart no pod"
+    );
+    let reducer = format!("{}-0", topk_api::names::Names::of("plays").reducer);
+    let path = format!("/api/v1/namespaces/{ns}/pods/{reducer}:8080/proxy/metrics");
+    let request = http::Request::get(path).body(Vec::new()).expect("request");
+    let text = cluster
+        .client
+        .request_text(request)
+        .await
+        .expect("reducer metrics");
+    assert!(text.contains("topk_reducer_denied_keys 0"), "{text}");
+}
+
 #[tokio::test]
 async fn a_metric_counts_from_a_broker_outside_the_cluster() {
     let Some(cluster) = Cluster::get("broker outside the cluster").await else {
@@ -732,6 +837,8 @@ async fn an_hourly_recount_advances_exact_until() {
             &topic,
             2,
             &[("topk.io/recount-from", from.as_str())],
+            // Not the defaults (5m, 1000000): the Jobs must run with these.
+            "recount: {grace: 7m, maxInMemory: 5000}",
         )
         .await;
     let second_hour = k8s_openapi::jiff::Timestamp::from_millisecond(hour + 3_600_000)
@@ -755,6 +862,12 @@ async fn an_hourly_recount_advances_exact_until() {
     })
     .await;
     assert!(last.hour.as_str() >= from.as_str(), "{last:?}");
+    // The Job's own report: it read the metric's recount settings from the mounted config.
+    assert_eq!(
+        (last.grace_ms, last.max_in_memory),
+        (420_000, 5_000),
+        "{last:?}"
+    );
 }
 
 #[tokio::test]

@@ -78,7 +78,7 @@ fn main() {
     println!("{events} events in the hour, {PARTITIONS} partitions");
     println!();
     println!(
-        "| input | `--max-in-memory` | bare consumer, batch reads, events/s | recount, whole job, events/s | ratio | recount, events per CPU-second |"
+        "| input | `maxInMemory` | bare consumer, batch reads, events/s | recount, whole job, events/s | ratio | recount, events per CPU-second |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
     for (with_ids, max_in_memory, bare, took, cpu) in rows {
