@@ -411,7 +411,7 @@ cmd_node_down() {
     [[ -d "$cg" ]] && find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
   # Mounts under the node's directories, deepest first.
-  findmnt -rn -o TARGET 2>/dev/null | grep "^$NODE/" | sort -r | while read -r target; do
+  findmnt -rn -o TARGET 2>/dev/null | { grep "^$NODE/" || true; } | sort -r | while read -r target; do
     umount -l "$target" 2>/dev/null || true
   done
   if [[ -f "$NODE/netns.before" ]]; then

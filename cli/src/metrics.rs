@@ -28,7 +28,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// `requests` is the query API's response counter (by status code).
-    pub fn new(requests: Family<topk_reducer::metrics::CodeLabel, Counter>) -> Self {
+    pub fn new(requests: Family<topk_query::CodeLabel, Counter>) -> Self {
         let mut registry = Registry::with_prefix("topk");
         registry.register("requests", "Query API responses by status code", requests);
         let events_accepted = Counter::default();

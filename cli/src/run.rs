@@ -17,7 +17,7 @@ use crate::error::CliError;
 use crate::ingest::{Ingestor, now_ms};
 use crate::metrics::Metrics;
 use crate::server::{self, AppState};
-use topk_reducer::Served;
+use topk_query::Served;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum OutputFormat {

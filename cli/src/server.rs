@@ -10,7 +10,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
-use topk_reducer::{Served, query_router};
+use topk_query::{Served, query_router};
 
 use crate::error::CliError;
 use crate::metrics::Metrics;

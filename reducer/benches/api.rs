@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use topk_api::RankingRecord;
 use topk_engine::RankedItem;
 use topk_engine::event::format_rfc3339_ms;
-use topk_reducer::{Served, query_router};
+use topk_query::{Served, query_router};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -8,7 +8,6 @@ pub mod exact;
 pub mod hours;
 pub mod metrics;
 pub mod reducer;
-pub mod serve;
 pub mod state;
 pub mod status;
 pub mod store;
@@ -28,11 +27,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use topk_api::DataPlaneConfig;
 use topk_api::dataplane::std_duration;
+use topk_query::query_router;
 use topk_worker::ControlPlane;
 
 pub use error::Error;
 pub use reducer::{Reducer, ReducerSettings, Shared};
-pub use serve::{Served, query_router};
 pub use state::{ReducerConfig, ReducerState};
 
 /// What a reducer of this metric merges, where, and how long it keeps versions.

@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use topk_query::CodeLabel;
 
 use crate::state::Outcome;
 
@@ -25,11 +26,6 @@ pub struct WindowLabel {
 pub struct MissingLabel {
     pub window: String,
     pub shard: u32,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodeLabel {
-    pub code: u16,
 }
 
 pub struct ReducerMetrics {

@@ -18,12 +18,12 @@ use topk_api::topics::TopicNames;
 use topk_api::{DenyList, RankingRecord};
 use topk_engine::Ranking;
 use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
+use topk_query::Served;
 
 use crate::error::Error;
 use crate::exact::{Grade, HOUR_MS, LongParts, compose, grade, plan_hours, union_tops};
 use crate::hours::{Hours, Ingested};
 use crate::metrics::{MissingLabel, ReducerMetrics, WindowLabel};
-use crate::serve::Served;
 use crate::state::{Publication, ReducerConfig, ReducerState};
 use crate::store::{Meta, RankingStore, Retention};
 

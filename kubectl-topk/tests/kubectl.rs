@@ -1,18 +1,18 @@
 //! The `kubectl-topk` plugin against the test environment's apiserver: `status` shows the
 //! conditions, shard owners and epochs, lag, exactness and grading of a TopKMetric; `get`
-//! reads a list through the apiserver's service proxy from a real `topk` process behind the
+//! reads a list through the apiserver's service proxy from the reducers' query API behind the
 //! metric's reducer Service, and prints it as a table.
 
-mod common;
-
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Pod, Service};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use topk_api::TopKMetric;
-use topk_testenv::{TestEnv, install_crd};
+use topk_api::{RankingRecord, TopKMetric};
+use topk_query::{Served, query_router};
+use topk_testenv::{TestEnv, await_some, install_crd};
 
 const MANIFEST: &str = r#"
 apiVersion: topk.io/v1alpha1
@@ -51,7 +51,7 @@ fn plugin(env: &TestEnv, args: &[&str]) -> (bool, String, String) {
     )
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_get_through_the_service_proxy() {
     let Some(env) = TestEnv::get("kubectl plugin") else {
         return;
@@ -122,45 +122,31 @@ async fn status_and_get_through_the_service_proxy() {
         "{err}"
     );
 
-    // A real `topk run` serves the list; the metric's reducer Service points at it.
+    // The query API the reducer pods serve (`topk_query`, over real HTTP) answers with a
+    // list; the metric's reducer Service points at it.
     let Some(address) = host_address() else {
         panic!("no non-loopback IPv4 address on this machine for the apiserver to proxy to");
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = dir.path().join("metric.yaml");
-    std::fs::write(&manifest, MANIFEST).expect("manifest");
-    let input = dir.path().join("events.jsonl");
-    let events: String = [("a", 3), ("b", 5), ("c", 1)]
-        .iter()
-        .enumerate()
-        .map(|(i, (key, cost))| {
-            format!(
-                "{}\n",
-                serde_json::json!({"event_time": 1_788_289_200_000i64 + i as i64, "metric": "plays", "key": key, "cost": cost})
-            )
-        })
-        .collect();
-    std::fs::write(&input, events).expect("events");
-    let server = common::spawn_on(
-        &[
-            "run",
-            "--file",
-            manifest.to_str().expect("utf-8"),
-            "--input",
-            input.to_str().expect("utf-8"),
+    let served = Arc::new(Served::new("plays", vec!["1m".into()], 5));
+    let record: RankingRecord = serde_json::from_value(serde_json::json!({
+        "metric": "plays", "scope": "", "window": "1m",
+        "windowStart": "2026-09-01T19:00:00Z", "windowEnd": "2026-09-01T19:01:00Z",
+        "items": [
+            {"rank": 1, "key": "b", "count": 5},
+            {"rank": 2, "key": "a", "count": 3},
+            {"rank": 3, "key": "c", "count": 1},
         ],
-        &format!("{address}:0"),
-    );
-    let port: i32 = server
-        .base
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
-    common::await_some("the list", Duration::from_secs(30), || {
-        let (status, _) = common::get(&format!("{}/v1/rankings/plays?window=1m", server.base));
-        (status == 200).then_some(())
-    });
+        "mode": "exact", "maxOvercount": 0, "watermark": "2026-09-01T19:01:00Z",
+        "asOf": "2026-09-01T19:01:01Z", "version": 1,
+    }))
+    .expect("a ranking record");
+    served.put([record]);
+    let listener = tokio::net::TcpListener::bind(format!("{address}:0"))
+        .await
+        .expect("bind");
+    let port = i32::from(listener.local_addr().expect("address").port());
+    let app = query_router(served);
+    let _server = tokio::spawn(async move { axum::serve(listener, app).await });
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     let service: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "plays-reducer"},
@@ -204,14 +190,15 @@ async fn status_and_get_through_the_service_proxy() {
         .await
         .expect("Endpoints");
 
-    let out = common::await_some(
+    let out = await_some(
         "the list through the proxy",
         Duration::from_secs(30),
-        || {
+        || async {
             let (ok, out, _) = plugin(&env, &["get", "plays", "-n", &ns, "-k", "2"]);
             ok.then_some(out)
         },
-    );
+    )
+    .await;
     assert!(
         out.starts_with("plays  window 1m  scope (global)  version "),
         "{out}"

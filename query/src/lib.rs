@@ -1,5 +1,6 @@
 //! The query API: the latest list of every (window, scope), rendered once when published and
-//! served from memory. `topk run` serves its lists through the same routes.
+//! served from memory. The reducer pods and `topk run` serve their lists through these routes;
+//! neither depends on the other for it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -15,7 +16,13 @@ use prometheus_client::metrics::family::Family;
 use serde_json::json;
 use topk_api::{RankingIndexEntry, RankingRecord};
 
-use crate::metrics::CodeLabel;
+use prometheus_client::encoding::EncodeLabelSet;
+
+/// The label of the responses counter: the HTTP status code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: u16,
+}
 
 /// A published list with its JSON, rendered once.
 pub struct Entry {
