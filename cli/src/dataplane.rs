@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use topk_api::DataPlaneConfig;
-use topk_worker::ControlPlane;
+use topk_runtime::ControlPlane;
 
 use crate::error::CliError;
 
@@ -21,7 +21,7 @@ pub struct ConfigArgs {
 
 impl ConfigArgs {
     pub fn load(&self) -> Result<DataPlaneConfig, CliError> {
-        Ok(topk_worker::load_config(&self.config)?)
+        Ok(topk_runtime::load_config(&self.config)?)
     }
 }
 

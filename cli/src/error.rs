@@ -24,6 +24,8 @@ pub enum CliError {
     Usage(String),
     #[error("worker: {0}")]
     Worker(#[from] topk_worker::Error),
+    #[error("{0}")]
+    Runtime(#[from] topk_runtime::Error),
     #[error("reducer: {0}")]
     Reducer(#[from] topk_reducer::Error),
     #[error("recount: {0}")]

@@ -13,7 +13,7 @@ use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use topk_engine::event::parse_event;
 use topk_engine::partition::message_key;
-use topk_worker::output::{DeliveryCounter, send};
+use topk_runtime::output::{DeliveryCounter, send};
 
 use crate::error::CliError;
 
@@ -58,7 +58,7 @@ fn produce_blocking(args: &ProduceArgs) -> Result<(), CliError> {
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
         .create_with_context(delivery.clone())
-        .map_err(topk_worker::Error::from)?;
+        .map_err(topk_runtime::Error::from)?;
     let (mut sent, mut skipped) = (0u64, 0u64);
     for (number, line) in reader.lines().enumerate() {
         let line = line.map_err(CliError::Input)?;
@@ -83,7 +83,7 @@ fn produce_blocking(args: &ProduceArgs) -> Result<(), CliError> {
     }
     producer
         .flush(Duration::from_secs(30))
-        .map_err(topk_worker::Error::from)?;
+        .map_err(topk_runtime::Error::from)?;
     let failed = delivery.failed();
     println!(
         "{}",

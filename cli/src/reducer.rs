@@ -22,7 +22,7 @@ pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
     let control = common.control(&config, None).await?;
     // One writer is enough and avoids replicas fighting over the same fields.
     let status = match (&control, common.ordinal().unwrap_or(0)) {
-        (topk_worker::ControlPlane::Kubernetes { client, namespace }, 0) => Some(StatusTarget {
+        (topk_runtime::ControlPlane::Kubernetes { client, namespace }, 0) => Some(StatusTarget {
             client: client.clone(),
             namespace: namespace.clone(),
             name: config.name.clone(),

@@ -5,12 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use tokio::net::TcpListener;
 use topk_query::{Served, query_router};
+use topk_runtime::probes::{self, Probes};
 
 use crate::error::CliError;
 use crate::metrics::Metrics;
@@ -20,13 +17,15 @@ pub struct AppState {
     pub metrics: Metrics,
 }
 
-/// The reducer's query routes over the in-process lists, plus `/metrics` and `/healthz`.
+/// The reducer's query routes over the in-process lists, plus `/metrics`, `/healthz` and
+/// `/readyz` (always ready: the lists are in memory).
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(state.clone())
-        .merge(query_router(state.served.clone()))
+    let metrics = state.clone();
+    query_router(state.served.clone()).merge(probes::router(Probes {
+        metrics: Arc::new(move || metrics.metrics.encode()),
+        ready: Arc::new(|| true),
+        waiting: "",
+    }))
 }
 
 /// Binds before anything else runs, so a bad address fails fast and `:0` resolves.
@@ -44,15 +43,4 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> Result<(), Cl
     axum::serve(listener, router(state))
         .await
         .map_err(CliError::Serve)
-}
-
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
-        .into_response()
 }

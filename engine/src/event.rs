@@ -494,6 +494,7 @@ mod flat {
     /// serde, which names the error. [`scan`] checks the whole payload at once, which is
     /// cheaper than one check per string.
     #[inline(always)]
+    #[allow(unsafe_code)]
     fn utf8(bytes: &[u8]) -> Option<&str> {
         if bytes.is_ascii() {
             // SAFETY: every byte is below 0x80, and ASCII bytes are valid UTF-8 on their own.

@@ -13,6 +13,7 @@
 //! - [`pipeline`]: shards + watermark + merge in one process (what `topk run` drives).
 
 mod approx;
+#[allow(unsafe_code)]
 mod bytes;
 pub mod candidates;
 pub mod config;

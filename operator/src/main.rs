@@ -1,9 +1,8 @@
 //! `topk-operator`: reconciles TopKMetric resources.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::routing::get;
 use clap::Parser;
 use topk_operator::builders::Settings;
 use topk_operator::leader::LeaderElector;
@@ -82,12 +81,12 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let metrics_ctx = ctx.clone();
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || async move { metrics_ctx.metrics.encode() }),
-        )
-        .route("/healthz", get(|| async { "ok\n" }));
+    // Ready as soon as it serves: whether this replica leads is the Lease's business.
+    let app = topk_runtime::probes::router(topk_runtime::probes::Probes {
+        metrics: Arc::new(move || metrics_ctx.metrics.encode()),
+        ready: Arc::new(|| true),
+        waiting: "",
+    });
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(%err, "metrics server stopped");

@@ -19,5 +19,5 @@ pub enum Error {
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
-    Output(#[from] topk_worker::Error),
+    Runtime(#[from] topk_runtime::Error),
 }

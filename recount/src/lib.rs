@@ -20,8 +20,8 @@ use topk_api::DataPlaneConfig;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason, format_rfc3339_ms};
-use topk_worker::input::InputConsumer;
-use topk_worker::output::{DeliveryCounter, send};
+use topk_runtime::input::InputConsumer;
+use topk_runtime::output::{DeliveryCounter, send};
 
 pub use counter::HourCounter;
 pub use error::Error;

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use topk_api::dataplane::{CONFIG_KEY, DenySource};
 use topk_api::manifest::ConfigMapKey;
 use topk_api::{DataPlaneConfig, DenyList};
-use topk_worker::control::watch_configmap_key;
+use topk_runtime::control::watch_configmap_key;
 
 /// How often the config file is read again outside a cluster.
 const FILE_POLL: Duration = Duration::from_secs(1);

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use topk_api::DataPlaneConfig;
 use topk_api::dataplane::std_duration;
 use topk_query::query_router;
-use topk_worker::ControlPlane;
+use topk_runtime::ControlPlane;
 
 pub use error::Error;
 pub use reducer::{Reducer, ReducerSettings, Shared};
@@ -60,25 +60,18 @@ pub fn settings(config: &DataPlaneConfig) -> ReducerSettings {
 
 /// The query API plus `/metrics`, `/healthz`, `/readyz` and `POST /admin/rollback`.
 pub fn router(shared: Arc<Shared>) -> Router {
+    let (metrics, ready) = (shared.clone(), shared.clone());
+    let probes = topk_runtime::probes::router(topk_runtime::probes::Probes {
+        metrics: Arc::new(move || metrics.metrics.encode()),
+        ready: Arc::new(move || ready.ready.load(Ordering::SeqCst)),
+        waiting: "opening the ranking store",
+    });
     Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
         .route("/admin/rollback", post(rollback))
         .route("/v1/grades", get(grades))
         .with_state(shared.clone())
         .merge(query_router(shared.served.clone()))
-}
-
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        shared.metrics.encode(),
-    )
-        .into_response()
+        .merge(probes)
 }
 
 /// `GET /v1/grades`: the newest graded hours, oldest first.
@@ -91,18 +84,6 @@ async fn grades(State(shared): State<Arc<Shared>>) -> Response {
         .cloned()
         .collect();
     axum::Json(json!({ "grades": grades })).into_response()
-}
-
-async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    if shared.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "opening the ranking store\n",
-        )
-            .into_response()
-    }
 }
 
 /// `POST /admin/rollback?window=W&scope=S&version=V`: points the list back at a stored
@@ -211,11 +192,11 @@ pub async fn run(
     let names = topk_api::names::Names::of(&settings.name);
     match control {
         ControlPlane::Files { assignment, .. } => {
-            tokio::spawn(topk_worker::control::watch_file(assignment, table_tx));
+            tokio::spawn(topk_runtime::control::watch_file(assignment, table_tx));
             tokio::spawn(deny::watch_file(config_file, deny_tx));
         }
         ControlPlane::Kubernetes { client, namespace } => {
-            tokio::spawn(topk_worker::control::watch_configmap(
+            tokio::spawn(topk_runtime::control::watch_configmap(
                 client.clone(),
                 namespace.clone(),
                 names.assignment,
@@ -245,7 +226,7 @@ pub async fn run(
     tokio::pin!(merging);
     tokio::select! {
         result = &mut merging => return result.map_err(|e| Error::Config(e.to_string()))?,
-        _ = topk_worker::shutdown_signal() => tracing::info!("stopping"),
+        _ = topk_runtime::shutdown_signal() => tracing::info!("stopping"),
     }
     stop.store(true, Ordering::SeqCst);
     merging.await.map_err(|e| Error::Config(e.to_string()))?

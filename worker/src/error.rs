@@ -17,8 +17,8 @@ pub enum Error {
         "{0} records (summaries, snapshots or dead letters) were not delivered; not checkpointing past them"
     )]
     Delivery(u64),
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Runtime(#[from] topk_runtime::Error),
 }

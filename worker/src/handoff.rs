@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Error;
-use crate::output::{DeliveryCounter, send};
+use topk_runtime::output::{DeliveryCounter, send};
 
 const CHUNK_BYTES: usize = 512 * 1024;
 const SNAPSHOT_ID: &str = "snapshot-id";

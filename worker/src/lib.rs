@@ -2,49 +2,24 @@
 //! checkpoints, and publishes shard summaries for the reducer. `topk worker` runs it.
 
 pub mod checkpoint;
-pub mod control;
 pub mod error;
 pub mod handoff;
-pub mod input;
 pub mod metrics;
-pub mod output;
 pub mod worker;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::http::StatusCode;
-use axum::routing::get;
 use tokio::sync::{mpsc, watch};
 use topk_api::DataPlaneConfig;
 use topk_api::dataplane::std_duration;
+use topk_runtime::probes::{self, Probes};
+use topk_runtime::{ControlPlane, control, shutdown_signal};
 
 pub use error::Error;
 pub use topk_api::record::SummaryRecord;
 pub use worker::{Health, Worker, WorkerSettings};
-
-/// Reads the config the operator renders (JSON), or a TopKMetric manifest (YAML).
-pub fn load_config(path: &Path) -> Result<DataPlaneConfig, Error> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
-    DataPlaneConfig::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
-}
-
-/// Where the assignment table comes from and where the applied version goes.
-pub enum ControlPlane {
-    /// Files: outside a cluster (tests, local runs).
-    Files {
-        assignment: PathBuf,
-        report: Option<PathBuf>,
-    },
-    /// The assignment and worker-reports ConfigMaps, through the API.
-    Kubernetes {
-        client: kube::Client,
-        namespace: String,
-    },
-}
 
 /// What worker `ordinal` of this metric runs by.
 pub fn settings(config: &DataPlaneConfig, ordinal: u32) -> Result<WorkerSettings, Error> {
@@ -73,25 +48,13 @@ pub fn settings(config: &DataPlaneConfig, ordinal: u32) -> Result<WorkerSettings
 }
 
 /// `/metrics`, `/healthz`, and `/readyz` (200 once the worker's shards are restored).
-pub fn router(health: Arc<Health>) -> Router {
+pub fn router(health: Arc<Health>) -> axum::Router {
     let metrics = health.clone();
-    let ready = health;
-    Router::new()
-        .route(
-            "/metrics",
-            get(move || async move { metrics.metrics.encode() }),
-        )
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || async move {
-                if ready.ready.load(Ordering::SeqCst) {
-                    (StatusCode::OK, "ready\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "restoring shards\n")
-                }
-            }),
-        )
+    probes::router(Probes {
+        metrics: Arc::new(move || metrics.metrics.encode()),
+        ready: Arc::new(move || health.ready.load(Ordering::SeqCst)),
+        waiting: "restoring shards",
+    })
 }
 
 /// Runs a worker until SIGTERM/SIGINT, then checkpoints and returns.
@@ -144,25 +107,4 @@ pub async fn run(
     }
     stop.store(true, Ordering::SeqCst);
     counting.await.map_err(|e| Error::Config(e.to_string()))?
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return std::future::pending().await,
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

@@ -29,9 +29,9 @@ use topk_engine::{EngineConfig, ShardSummary};
 use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::error::Error;
 use crate::handoff;
-use crate::input::{InputConsumer, InputMessage};
 use crate::metrics::{RestoreSource, ShardLabel, SourceLabel, WorkerMetrics};
-use crate::output::{DeliveryCounter, send};
+use topk_runtime::input::{InputConsumer, InputMessage};
+use topk_runtime::output::{DeliveryCounter, send};
 
 /// Everything a worker needs to know, resolved from its flags and the rendered config.
 #[derive(Debug, Clone)]
@@ -222,7 +222,8 @@ impl Sink {
                 .key(at.as_bytes())
                 .payload(payload)
                 .headers(headers),
-        )
+        )?;
+        Ok(())
     }
 
     /// Sends a shard's snapshot to the handoff topic and waits until the broker has it.

@@ -11,8 +11,8 @@ use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use topk_engine::partition::message_key;
+use topk_runtime::input::InputConsumer;
 use topk_testenv::{TestEnv, reading_consumer};
-use topk_worker::input::InputConsumer;
 
 #[path = "../../../engine/benches/support/mod.rs"]
 mod support;

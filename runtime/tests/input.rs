@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use topk_runtime::input::{InputConsumer, InputMessage, MAX_BATCH};
 use topk_testenv::{TestEnv, reading_consumer, unique_name};
-use topk_worker::input::{InputConsumer, InputMessage, MAX_BATCH};
 
 const PARTITIONS: i32 = 3;
 const MESSAGES: usize = 2_000;

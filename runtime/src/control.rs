@@ -1,4 +1,5 @@
-//! Where a worker learns its shards and tells the operator what it applied.
+//! Where a worker or reducer learns its shards and a worker tells the operator what it
+//! applied.
 //!
 //! In a cluster it watches the assignment ConfigMap through the API (a mounted file updates
 //! late) and reports into the worker-reports ConfigMap; outside a cluster both are files. Both
@@ -14,6 +15,17 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+
+/// Where the assignment table comes from and where the applied version goes.
+pub enum ControlPlane {
+    /// Files: outside a cluster (tests, local runs).
+    Files {
+        assignment: PathBuf,
+        report: Option<PathBuf>,
+    },
+    /// The assignment and worker-reports ConfigMaps, through the API.
+    Kubernetes { client: Client, namespace: String },
+}
 
 /// Field manager of the workers' reports.
 const MANAGER: &str = "topk-worker";

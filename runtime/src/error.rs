@@ -1,0 +1,10 @@
+use thiserror::Error;
+
+/// What the shared plumbing can fail with; each component wraps it in its own error.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}

@@ -1,0 +1,49 @@
+//! `/metrics`, `/healthz` and `/readyz`, the same on every long-running process: metrics in the
+//! OpenMetrics text format, liveness always `ok`, readiness from the process's own flag.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+/// What the endpoints read.
+#[derive(Clone)]
+pub struct Probes {
+    /// The metrics page.
+    pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
+    /// Whether the process serves (`/readyz` 200), else 503 with `waiting`.
+    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// What a 503 says the process is waiting for.
+    pub waiting: &'static str,
+}
+
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+pub fn router(probes: Probes) -> Router {
+    let metrics = probes.metrics.clone();
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let page = metrics();
+                async move { ([(header::CONTENT_TYPE, OPENMETRICS)], page) }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || async move {
+                if (probes.ready)() {
+                    (StatusCode::OK, "ready\n".to_owned()).into_response()
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("{}\n", probes.waiting),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+}
