@@ -1,0 +1,56 @@
+//! Why an event was not counted: one enum, so that every component reports alike.
+
+use std::fmt;
+
+/// Why an event was not counted. Every variant has a stable label for metrics and output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RejectReason {
+    InvalidJson,
+    MissingMetric,
+    OtherMetric,
+    MissingKey,
+    OversizeKey,
+    InvalidTime,
+    FutureTime,
+    Late,
+    InvalidCost,
+    /// On a partition other than the one Kafka's default partitioner gives its key: the
+    /// producer used another partitioner, and counting it would give the key two owners.
+    WrongShard,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 10] = [
+        RejectReason::InvalidJson,
+        RejectReason::MissingMetric,
+        RejectReason::OtherMetric,
+        RejectReason::MissingKey,
+        RejectReason::OversizeKey,
+        RejectReason::InvalidTime,
+        RejectReason::FutureTime,
+        RejectReason::Late,
+        RejectReason::InvalidCost,
+        RejectReason::WrongShard,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::InvalidJson => "invalid_json",
+            RejectReason::MissingMetric => "missing_metric",
+            RejectReason::OtherMetric => "other_metric",
+            RejectReason::MissingKey => "missing_key",
+            RejectReason::OversizeKey => "oversize_key",
+            RejectReason::InvalidTime => "invalid_time",
+            RejectReason::FutureTime => "future_time",
+            RejectReason::Late => "late",
+            RejectReason::InvalidCost => "invalid_cost",
+            RejectReason::WrongShard => "wrong_shard",
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
