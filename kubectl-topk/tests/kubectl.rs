@@ -26,9 +26,13 @@ spec:
   windows: [{name: 1m, length: 1m, bucket: 10s}]
 "#;
 
-/// An IPv4 address of this machine that is not loopback (the apiserver refuses to proxy to
-/// loopback endpoints), from the kernel's table of local addresses.
-fn host_address() -> Option<String> {
+/// An address of this machine that is not loopback (the apiserver refuses to proxy to
+/// loopback endpoints): the test environment's own host address, or else (not root, no
+/// interface of its own) the first other local IPv4 address in the kernel's table.
+fn host_address(env: &TestEnv) -> Option<String> {
+    if let Some(address) = &env.host_address {
+        return Some(address.clone());
+    }
     let trie = std::fs::read_to_string("/proc/net/fib_trie").ok()?;
     let lines: Vec<&str> = trie.lines().collect();
     lines.windows(2).find_map(|pair| {
@@ -124,7 +128,7 @@ async fn status_and_get_through_the_service_proxy() {
 
     // The query API the reducer pods serve (`topk_query`, over real HTTP) answers with a
     // list; the metric's reducer Service points at it.
-    let Some(address) = host_address() else {
+    let Some(address) = host_address(&env) else {
         panic!("no non-loopback IPv4 address on this machine for the apiserver to proxy to");
     };
     let served = Arc::new(Served::new("plays", vec!["1m".into()], 5));

@@ -72,12 +72,12 @@ const API_PORT: i32 = 8080;
 
 /// The objects of one TopKMetric, in apply order.
 pub struct Desired {
-    pub config: ConfigMap,
-    pub assignment: ConfigMap,
-    pub worker_reports: ConfigMap,
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
+    pub config: ConfigMap,
+    pub assignment: ConfigMap,
+    pub worker_reports: ConfigMap,
     pub worker_service: Service,
     pub worker: StatefulSet,
     pub worker_pdb: PodDisruptionBudget,

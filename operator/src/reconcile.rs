@@ -388,12 +388,14 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
         })
     });
 
-    apply(client, &ns, desired.config).await?;
-    apply(client, &ns, desired.assignment).await?;
-    apply(client, &ns, desired.worker_reports).await?;
+    // Permissions first: a config naming a new deny-list ConfigMap must find the reducers
+    // already allowed to read it.
     apply(client, &ns, desired.service_account).await?;
     apply(client, &ns, desired.role).await?;
     apply(client, &ns, desired.role_binding).await?;
+    apply(client, &ns, desired.config).await?;
+    apply(client, &ns, desired.assignment).await?;
+    apply(client, &ns, desired.worker_reports).await?;
     apply(client, &ns, desired.worker_service).await?;
     apply(client, &ns, desired.worker_pdb).await?;
     apply(client, &ns, desired.reducer_service).await?;

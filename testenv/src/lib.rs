@@ -52,6 +52,9 @@ pub struct TestEnv {
     pub kubeconfig: PathBuf,
     pub kube_version: String,
     pub helm: PathBuf,
+    /// The address the test environment gave this machine on an interface of its own (as
+    /// root), which the apiserver can proxy to; `None` without one.
+    pub host_address: Option<String>,
 }
 
 /// The env file `scripts/testenv.sh up` writes.
@@ -120,6 +123,7 @@ impl TestEnv {
             kubeconfig: PathBuf::from(get("TOPK_KUBECONFIG")?),
             kube_version: get("TOPK_KUBE_VERSION")?,
             helm: PathBuf::from(get("TOPK_HELM")?),
+            host_address: vars.get("TOPK_TESTENV_NODE_IP").map(|v| v.to_string()),
         })
     }
 
