@@ -330,7 +330,12 @@ windows:
 
     /// A counter of a worker's `/metrics`, read through the API server's pod proxy.
     async fn worker_counter(&self, ns: &str, pod: &str, series: &str) -> Option<f64> {
-        let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:8080/proxy/metrics");
+        self.pod_metric(ns, pod, 8080, series).await
+    }
+
+    /// The value of `series` on `/metrics` at `port` of a pod, through the pod proxy.
+    async fn pod_metric(&self, ns: &str, pod: &str, port: u16, series: &str) -> Option<f64> {
+        let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics");
         let request = http::Request::get(path).body(Vec::new()).ok()?;
         let text = self.client.request_text(request).await.ok()?;
         text.lines()
@@ -360,6 +365,19 @@ windows:
             )
             .await
             .expect("scale");
+    }
+
+    /// Reconciles the operator's pods have finished (only the leader runs them).
+    async fn operator_reconciles(&self) -> f64 {
+        let mut total = 0.0;
+        for pod in self.operator_pods().await {
+            let series = "topk_operator_reconciles_total";
+            total += self
+                .pod_metric(&self.system, &pod.name_any(), 9090, series)
+                .await
+                .unwrap_or(0.0);
+        }
+        total
     }
 
     /// The operator's pods, as the chart labels them.
@@ -670,14 +688,10 @@ async fn a_takedown_leaves_the_lists_live_and_lifting_it_brings_the_key_back() {
         "takedowns restart no pod"
     );
     let reducer = format!("{}-0", topk_api::names::Names::of("plays").reducer);
-    let path = format!("/api/v1/namespaces/{ns}/pods/{reducer}:8080/proxy/metrics");
-    let request = http::Request::get(path).body(Vec::new()).expect("request");
-    let text = cluster
-        .client
-        .request_text(request)
-        .await
-        .expect("reducer metrics");
-    assert!(text.contains("topk_reducer_denied_keys 0"), "{text}");
+    let denied = cluster
+        .pod_metric(ns, &reducer, 8080, "topk_reducer_denied_keys")
+        .await;
+    assert_eq!(denied, Some(0.0), "keys denied after the lift");
 }
 
 #[tokio::test]
@@ -884,6 +898,23 @@ async fn an_unchanged_helm_upgrade_rolls_nothing() {
         (pods.len() == 3).then_some(pods)
     })
     .await;
+    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), &ns);
+    let generations = |sets: &Api<StatefulSet>| {
+        let sets = sets.clone();
+        async move {
+            let mut out: Vec<(String, Option<i64>)> = sets
+                .list(&ListParams::default())
+                .await
+                .expect("StatefulSets")
+                .items
+                .iter()
+                .map(|s| (s.name_any(), s.metadata.generation))
+                .collect();
+            out.sort();
+            out
+        }
+    };
+    let set_generations = generations(&sets).await;
     let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), &cluster.system);
     let operator = format!("{}-topk-operator", cluster.release);
     let generation = deployments
@@ -907,8 +938,27 @@ async fn an_unchanged_helm_upgrade_rolls_nothing() {
         .status()
         .expect("helm upgrade");
     assert!(status.success());
-    // Give the operator a reconcile to (wrongly) roll something.
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // A reconcile after the upgrade, made to happen (an annotation is a watch event) and seen
+    // finished (the counter moves after the objects are applied): it would roll what an
+    // upgraded operator renders differently.
+    let reconciles = cluster.operator_reconciles().await;
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), &ns)
+        .patch(
+            "plays",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"e2e.topk.io/poke": "1"}}})),
+        )
+        .await
+        .expect("annotate the metric");
+    await_some("a reconcile after the upgrade", WAIT, || async {
+        (cluster.operator_reconciles().await > reconciles).then_some(())
+    })
+    .await;
+    assert_eq!(
+        generations(&sets).await,
+        set_generations,
+        "an unchanged upgrade changed a StatefulSet"
+    );
     let after = data_plane_pods(&cluster, &ns).await;
     assert_eq!(
         before, after,
