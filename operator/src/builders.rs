@@ -3,19 +3,24 @@
 //! collects them, and the operator's labels.
 
 use std::collections::BTreeMap;
-
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
+    Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 pub use topk_api::dataplane::CONFIG_KEY;
 pub use topk_api::names::Names;
@@ -69,6 +74,11 @@ pub const HOUR_START_ANNOTATION: &str = "topk.io/hour-start";
 /// stay out.
 pub const RECOUNT_FROM_ANNOTATION: &str = "topk.io/recount-from";
 const API_PORT: i32 = 8080;
+/// The data plane's user and group: non-root, as in the published Dockerfile.
+const DATA_PLANE_UID: i64 = 65532;
+/// Where the rendered config is mounted, and where RocksDB and spill files live.
+const CONFIG_DIR: &str = "/etc/topk";
+const STATE_DIR: &str = "/var/lib/topk";
 
 /// The objects of one TopKMetric, in apply order.
 pub struct Desired {
@@ -86,19 +96,41 @@ pub struct Desired {
     pub reducer_pdb: PodDisruptionBudget,
 }
 
+/// What the current rescale step decided, which the objects are built from: the worker
+/// StatefulSet's replicas and the assignment table to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    pub worker_replicas: u32,
+    pub table: AssignmentTable,
+    /// When the table last changed (RFC 3339), kept on the assignment ConfigMap: the drain
+    /// period of a scale-down counts from it.
+    pub table_changed_at: Option<String>,
+    /// The live assignment's `resourceVersion` when this write replaces its table: the write
+    /// then fails if anybody changed the table since it was read.
+    pub replaces: Option<String>,
+}
+
+impl Rollout {
+    /// A settled rollout of `table` with the spec's worker count (no rescale in progress).
+    pub fn settled(metric: &TopKMetric, table: AssignmentTable) -> Self {
+        Self {
+            worker_replicas: metric.spec.workers.as_ref().map_or(1, |w| w.replicas),
+            table,
+            table_changed_at: None,
+            replaces: None,
+        }
+    }
+}
+
+pub const TABLE_CHANGED_AT: &str = "topk.io/changed-at";
+
 pub fn labels(metric: &TopKMetric, component: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("app.kubernetes.io/name".to_owned(), "topk".to_owned()),
-        ("app.kubernetes.io/instance".to_owned(), metric.name_any()),
-        (
-            "app.kubernetes.io/component".to_owned(),
-            component.to_owned(),
-        ),
-        (
-            "app.kubernetes.io/managed-by".to_owned(),
-            "topk-operator".to_owned(),
-        ),
-    ])
+    let mut labels = selector_labels(metric, component);
+    labels.insert(
+        "app.kubernetes.io/managed-by".to_owned(),
+        "topk-operator".to_owned(),
+    );
+    labels
 }
 
 /// Label selector of a component's pods, as `kubectl` and the scale subresource take it.
@@ -109,12 +141,22 @@ pub fn selector(metric: &TopKMetric, component: &str) -> String {
     )
 }
 
-fn selector_labels(metric: &TopKMetric, component: &str) -> Value {
-    json!({
-        "app.kubernetes.io/name": "topk",
-        "app.kubernetes.io/instance": metric.name_any(),
-        "app.kubernetes.io/component": component,
-    })
+fn selector_labels(metric: &TopKMetric, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "topk".to_owned()),
+        ("app.kubernetes.io/instance".to_owned(), metric.name_any()),
+        (
+            "app.kubernetes.io/component".to_owned(),
+            component.to_owned(),
+        ),
+    ])
+}
+
+fn label_selector(metric: &TopKMetric, component: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(selector_labels(metric, component)),
+        match_expressions: None,
+    }
 }
 
 fn owner(metric: &TopKMetric) -> Result<OwnerReference, Error> {
@@ -123,75 +165,118 @@ fn owner(metric: &TopKMetric) -> Result<OwnerReference, Error> {
         .ok_or(Error::MissingObjectKey("metadata.uid"))
 }
 
-fn typed<T: DeserializeOwned>(value: Value) -> Result<T, Error> {
-    serde_json::from_value(value).map_err(Error::Build)
+fn meta(metric: &TopKMetric, name: &str, component: &str) -> Result<ObjectMeta, Error> {
+    Ok(ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: metric.namespace(),
+        labels: Some(labels(metric, component)),
+        owner_references: Some(vec![owner(metric)?]),
+        ..Default::default()
+    })
 }
 
-fn meta(metric: &TopKMetric, name: &str, component: &str) -> Result<Value, Error> {
-    Ok(json!({
-        "name": name,
-        "namespace": metric.namespace(),
-        "labels": labels(metric, component),
-        "ownerReferences": [owner(metric)?],
-    }))
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn rule(api_group: &str, resource: &str, names: Vec<String>, verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![api_group.to_owned()]),
+        resources: Some(vec![resource.to_owned()]),
+        resource_names: Some(names),
+        verbs: strings(verbs),
+        non_resource_urls: None,
+    }
+}
+
+fn config_map(meta: ObjectMeta, data: Option<(&str, String)>) -> ConfigMap {
+    ConfigMap {
+        metadata: meta,
+        data: data.map(|(key, value)| BTreeMap::from([(key.to_owned(), value)])),
+        ..Default::default()
+    }
 }
 
 pub fn desired(
     metric: &TopKMetric,
-    table: &AssignmentTable,
+    rollout: &Rollout,
     settings: &Settings,
 ) -> Result<Desired, Error> {
     let names = Names::of(&metric.name_any());
     let config = DataPlaneConfig::from_metric(metric)?;
-    let assignment = serde_json::to_string_pretty(table).map_err(Error::Build)?;
-    let workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
+    let table = serde_json::to_string_pretty(&rollout.table).map_err(Error::Build)?;
     let reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
+    let mut assignment = meta(metric, &names.assignment, "assignment")?;
+    assignment.resource_version = rollout.replaces.clone();
+    if let Some(at) = &rollout.table_changed_at {
+        assignment.annotations = Some(BTreeMap::from([(TABLE_CHANGED_AT.to_owned(), at.clone())]));
+    }
+    let data_plane = meta(metric, &names.data_plane, "data-plane")?;
 
     Ok(Desired {
-        config: typed(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": meta(metric, &names.config, "config")?,
-            "data": {CONFIG_KEY: config.render()},
-        }))?,
-        assignment: typed(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": meta(metric, &names.assignment, "assignment")?,
-            "data": {ASSIGNMENT_KEY: assignment},
-        }))?,
+        config: config_map(
+            meta(metric, &names.config, "config")?,
+            Some((CONFIG_KEY, config.render())),
+        ),
+        assignment: config_map(assignment, Some((ASSIGNMENT_KEY, table))),
         // Written by the workers (their own keys, their own field manager); the operator only
         // creates it.
-        worker_reports: typed(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": meta(metric, &names.worker_reports, "worker-reports")?,
-        }))?,
-        service_account: typed(json!({
-            "apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": meta(metric, &names.data_plane, "data-plane")?,
-        }))?,
+        worker_reports: config_map(meta(metric, &names.worker_reports, "worker-reports")?, None),
+        service_account: ServiceAccount {
+            metadata: data_plane.clone(),
+            ..Default::default()
+        },
         // Least privilege: read its own config, assignment and deny-list ConfigMap, report
         // released shards and ranking status.
-        role: typed(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": meta(metric, &names.data_plane, "data-plane")?,
-            "rules": [
-                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": readable_config_maps(&config), "verbs": ["get", "list", "watch"]},
-                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [names.worker_reports], "verbs": ["get", "patch"]},
-                {"apiGroups": ["topk.io"], "resources": ["topkmetrics"], "resourceNames": [metric.name_any()], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": ["topk.io"], "resources": ["topkmetrics/status"], "resourceNames": [metric.name_any()], "verbs": ["get", "patch"]},
-            ],
-        }))?,
-        role_binding: typed(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": meta(metric, &names.data_plane, "data-plane")?,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names.data_plane},
-            "subjects": [{"kind": "ServiceAccount", "name": names.data_plane, "namespace": metric.namespace()}],
-        }))?,
+        role: Role {
+            metadata: data_plane.clone(),
+            rules: Some(vec![
+                rule(
+                    "",
+                    "configmaps",
+                    readable_config_maps(&config),
+                    &["get", "list", "watch"],
+                ),
+                rule(
+                    "",
+                    "configmaps",
+                    vec![names.worker_reports.clone()],
+                    &["get", "patch"],
+                ),
+                rule(
+                    "topk.io",
+                    "topkmetrics",
+                    vec![metric.name_any()],
+                    &["get", "list", "watch"],
+                ),
+                rule(
+                    "topk.io",
+                    "topkmetrics/status",
+                    vec![metric.name_any()],
+                    &["get", "patch"],
+                ),
+            ]),
+        },
+        role_binding: RoleBinding {
+            metadata: data_plane,
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".to_owned(),
+                kind: "Role".to_owned(),
+                name: names.data_plane.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: names.data_plane.clone(),
+                namespace: metric.namespace(),
+                api_group: None,
+            }]),
+        },
         worker_service: headless_service(metric, &names.worker, "worker")?,
         worker: statefulset(
             metric,
             &names,
             "worker",
-            workers,
+            rollout.worker_replicas,
             &config.rollout_hash(Component::Worker),
             settings,
         )?,
@@ -220,24 +305,56 @@ fn readable_config_maps(config: &DataPlaneConfig) -> Vec<String> {
 }
 
 fn headless_service(metric: &TopKMetric, name: &str, component: &str) -> Result<Service, Error> {
-    typed(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": meta(metric, name, component)?,
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": true,
-            "selector": selector_labels(metric, component),
-            "ports": [{"name": "http", "port": API_PORT, "targetPort": "http"}],
-        },
-    }))
+    Ok(Service {
+        metadata: meta(metric, name, component)?,
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector_labels(metric, component)),
+            ports: Some(vec![ServicePort {
+                name: Some("http".to_owned()),
+                port: API_PORT,
+                target_port: Some(IntOrString::String("http".to_owned())),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    })
 }
 
 fn pdb(metric: &TopKMetric, name: &str, component: &str) -> Result<PodDisruptionBudget, Error> {
-    typed(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": meta(metric, name, component)?,
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(metric, component)}},
-    }))
+    Ok(PodDisruptionBudget {
+        metadata: meta(metric, name, component)?,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(label_selector(metric, component)),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+fn http_probe(path: &str, period_seconds: i32, failure_threshold: Option<i32>) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("http".to_owned()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period_seconds),
+        failure_threshold,
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
 }
 
 fn statefulset(
@@ -256,70 +373,137 @@ fn statefulset(
     let mut pod_labels = labels(metric, component);
     pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
     // Workers keep checkpoints, reducers the ranking store: both on a volume per pod.
-    let volume_claims = json!([{
-        "metadata": {"name": "state"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": settings.state_storage}}},
-    }]);
-    let mut main = container(component, &[], settings);
-    main["ports"] = json!([{"name": "http", "containerPort": API_PORT}]);
-    main["readinessProbe"] =
-        json!({"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5});
-    main["livenessProbe"] = json!({"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6});
-    main["volumeMounts"]
-        .as_array_mut()
-        .ok_or(Error::MissingObjectKey("volumeMounts"))?
-        .push(json!({"name": "state", "mountPath": "/var/lib/topk"}));
-    typed(json!({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": meta(metric, name, component)?,
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector_labels(metric, component)},
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
-                },
-                "spec": pod_spec(names, main),
-            },
-            "volumeClaimTemplates": volume_claims,
+    let state_claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("state".to_owned()),
+            ..Default::default()
         },
-    }))
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(strings(&["ReadWriteOnce"])),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(settings.state_storage.clone()),
+                )])),
+                limits: None,
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let mut main = container(component, &[], settings);
+    main.ports = Some(vec![ContainerPort {
+        name: Some("http".to_owned()),
+        container_port: API_PORT,
+        ..Default::default()
+    }]);
+    main.readiness_probe = Some(http_probe("/readyz", 5, None));
+    main.liveness_probe = Some(http_probe("/healthz", 10, Some(6)));
+    main.volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(mount("state", STATE_DIR, false));
+    Ok(StatefulSet {
+        metadata: meta(metric, name, component)?,
+        spec: Some(StatefulSetSpec {
+            replicas: Some(replicas as i32),
+            service_name: Some(name.clone()),
+            pod_management_policy: Some("Parallel".to_owned()),
+            selector: label_selector(metric, component),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(BTreeMap::from([(
+                        CONFIG_HASH_ANNOTATION.to_owned(),
+                        config_hash.to_owned(),
+                    )])),
+                    ..Default::default()
+                }),
+                spec: Some(pod_spec(names, main, Vec::new())),
+            },
+            volume_claim_templates: Some(vec![state_claim]),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+fn field_env(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.to_owned(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+    }
 }
 
 /// The data-plane container: `topk <command> --config /etc/topk/metric.json [identity]`,
 /// non-root with a read-only root filesystem and the rendered config mounted. Everything else
 /// it runs by is in that config.
-fn container(command: &str, extra_args: &[String], settings: &Settings) -> Value {
+fn container(command: &str, extra_args: &[String], settings: &Settings) -> Container {
     let mut args = vec![
         command.to_owned(),
         "--config".to_owned(),
-        format!("/etc/topk/{CONFIG_KEY}"),
+        format!("{CONFIG_DIR}/{CONFIG_KEY}"),
     ];
     args.extend_from_slice(extra_args);
-    json!({
-        "name": command,
-        "image": settings.image,
-        "args": args,
-        "env": [
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        ],
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "config", "mountPath": "/etc/topk", "readOnly": true}],
-    })
+    Container {
+        name: command.to_owned(),
+        image: Some(settings.image.clone()),
+        args: Some(args),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity("100m".to_owned())),
+                ("memory".to_owned(), Quantity("256Mi".to_owned())),
+            ])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(strings(&["ALL"])),
+                add: None,
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![mount("config", CONFIG_DIR, true)]),
+        ..Default::default()
+    }
 }
 
-fn pod_spec(names: &Names, container: Value) -> Value {
-    json!({
-        "serviceAccountName": names.data_plane,
-        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
-        "containers": [container],
-        "volumes": [{"name": "config", "configMap": {"name": names.config}}],
-    })
+/// The data plane's pod: its service account, non-root, the rendered config as a volume, and
+/// any `extra_volumes`.
+fn pod_spec(names: &Names, container: Container, extra_volumes: Vec<Volume>) -> PodSpec {
+    let mut volumes = vec![Volume {
+        name: "config".to_owned(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: names.config.clone(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    volumes.extend(extra_volumes);
+    PodSpec {
+        service_account_name: Some(names.data_plane.clone()),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(DATA_PLANE_UID),
+            fs_group: Some(DATA_PLANE_UID),
+            ..Default::default()
+        }),
+        containers: vec![container],
+        volumes: Some(volumes),
+        ..Default::default()
+    }
 }
 
 /// `YYYYMMDDHH` (UTC) of the hour starting at `hour_ms`: the hour label and name part.
@@ -341,9 +525,13 @@ pub fn recount_job(
     let start = Timestamp::from_millisecond(hour_ms).map_err(|_| Error::Clock(hour_ms))?;
     let name = bounded_name(&metric.name_any(), &format!("-recount-{hour}-{attempt}"));
     let mut metadata = meta(metric, &name, "recount")?;
-    metadata["labels"][HOUR_LABEL] = json!(hour);
-    metadata["labels"][ATTEMPT_LABEL] = json!(attempt.to_string());
-    metadata["annotations"] = json!({HOUR_START_ANNOTATION: start.to_string()});
+    let job_labels = metadata.labels.get_or_insert_with(BTreeMap::new);
+    job_labels.insert(HOUR_LABEL.to_owned(), hour.clone());
+    job_labels.insert(ATTEMPT_LABEL.to_owned(), attempt.to_string());
+    metadata.annotations = Some(BTreeMap::from([(
+        HOUR_START_ANNOTATION.to_owned(),
+        start.to_string(),
+    )]));
     let mut pod_labels = labels(metric, "recount");
     pod_labels.insert(HOUR_LABEL.to_owned(), hour);
     let mut container = container(
@@ -352,26 +540,34 @@ pub fn recount_job(
         settings,
     );
     // The root filesystem is read-only: counts beyond memory spill to a scratch volume.
-    container["volumeMounts"]
-        .as_array_mut()
-        .ok_or(Error::MissingObjectKey("volumeMounts"))?
-        .push(json!({"name": "scratch", "mountPath": "/var/lib/topk"}));
-    let mut pod = pod_spec(&names, container);
-    pod["restartPolicy"] = json!("Never");
-    pod["volumes"]
-        .as_array_mut()
-        .ok_or(Error::MissingObjectKey("volumes"))?
-        .push(json!({"name": "scratch", "emptyDir": {}}));
-    typed(json!({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": metadata,
-        "spec": {
-            "backoffLimit": settings.recount_pod_retries,
-            "activeDeadlineSeconds": settings.recount_deadline.as_secs(),
-            "ttlSecondsAfterFinished": settings.recount_ttl.as_secs(),
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod},
-        },
-    }))
+    container
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(mount("scratch", STATE_DIR, false));
+    let scratch = Volume {
+        name: "scratch".to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    let mut pod = pod_spec(&names, container, vec![scratch]);
+    pod.restart_policy = Some("Never".to_owned());
+    Ok(Job {
+        metadata,
+        spec: Some(JobSpec {
+            backoff_limit: Some(settings.recount_pod_retries as i32),
+            active_deadline_seconds: Some(settings.recount_deadline.as_secs() as i64),
+            ttl_seconds_after_finished: Some(settings.recount_ttl.as_secs() as i32),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    })
 }
 
 /// `base + suffix`, shortened to the 63 characters a Job name may have (its Pods carry it in a

@@ -1,8 +1,10 @@
-//! The TopKMetric operator: pure planning, rollout steps and object builders, and the thin
-//! reconcile loop that applies them with server-side apply.
+//! The TopKMetric operator: pure planning, rollout steps, object builders and the reconcile's
+//! decision, and the thin reconcile loop that observes, decides and applies with server-side
+//! apply.
 
 pub mod builders;
 pub mod clock;
+pub mod decide;
 pub mod error;
 pub mod leader;
 pub mod metrics;

@@ -20,7 +20,8 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 const CONFIRMED_FOR: Duration = Duration::from_secs(600);
 
 /// Why the topics are not as the spec needs them; each becomes a `Degraded` reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum TopicProblem {
     Unreachable(String),
     InputMissing {

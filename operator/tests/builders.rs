@@ -1,7 +1,7 @@
 //! The desired objects of a TopKMetric, built from a YAML fixture without any cluster.
 
 use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, load_manifest};
-use topk_operator::builders::{CONFIG_HASH_ANNOTATION, Settings, desired, recount_job};
+use topk_operator::builders::{CONFIG_HASH_ANNOTATION, Rollout, Settings, desired, recount_job};
 use topk_operator::planner::plan;
 
 fn fixture() -> TopKMetric {
@@ -23,7 +23,12 @@ fn hash(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> String {
 /// The (worker, reducer) rollout hashes of the metric's StatefulSets.
 fn hash_of(metric: &TopKMetric) -> (String, String) {
     let table = plan(metric.spec.shards, None, 3);
-    let d = desired(metric, &table, &Settings::default()).expect("desired");
+    let d = desired(
+        metric,
+        &Rollout::settled(metric, table),
+        &Settings::default(),
+    )
+    .expect("desired");
     (hash(&d.worker), hash(&d.reducer))
 }
 
@@ -31,7 +36,12 @@ fn hash_of(metric: &TopKMetric) -> (String, String) {
 fn every_object_is_owned_labelled_and_named_after_the_metric() {
     let metric = fixture();
     let table = plan(8, None, 3);
-    let d = desired(&metric, &table, &Settings::default()).expect("desired");
+    let d = desired(
+        &metric,
+        &Rollout::settled(&metric, table.clone()),
+        &Settings::default(),
+    )
+    .expect("desired");
     let metas = [
         &d.config.metadata,
         &d.assignment.metadata,
@@ -109,7 +119,12 @@ fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
     let workers = metric.spec.workers.as_mut().unwrap();
     workers.idle_timeout = Some(topk_api::Duration::from_millis(5_000));
     workers.checkpoint_interval = Some(topk_api::Duration::from_millis(1_500));
-    let d = desired(&metric, &plan(8, None, 3), &Settings::default()).expect("desired");
+    let d = desired(
+        &metric,
+        &Rollout::settled(&metric, plan(8, None, 3)),
+        &Settings::default(),
+    )
+    .expect("desired");
     let timing = rendered(&d).worker;
     assert_eq!(timing.idle_timeout.as_millis(), 5_000);
     assert_eq!(timing.checkpoint_interval.as_millis(), 1_500);
@@ -127,7 +142,12 @@ fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
         args(&d.reducer),
         ["reducer", "--config", "/etc/topk/metric.json"]
     );
-    let before = desired(&base, &plan(8, None, 3), &Settings::default()).expect("desired");
+    let before = desired(
+        &base,
+        &Rollout::settled(&base, plan(8, None, 3)),
+        &Settings::default(),
+    )
+    .expect("desired");
     assert_ne!(hash(&before.worker), hash(&d.worker), "workers restart");
     assert_eq!(hash(&before.reducer), hash(&d.reducer), "reducers do not");
     metric.spec.workers.as_mut().unwrap().idle_timeout = Some(topk_api::Duration::from_millis(0));
@@ -151,7 +171,12 @@ fn the_deny_list_is_rendered_and_its_configmap_readable_without_a_restart() {
             key: "keys".into(),
         },
     });
-    let d = desired(&denied, &plan(8, None, 3), &Settings::default()).expect("desired");
+    let d = desired(
+        &denied,
+        &Rollout::settled(&denied, plan(8, None, 3)),
+        &Settings::default(),
+    )
+    .expect("desired");
     let deny = rendered(&d).deny;
     assert_eq!(deny.keys, ["spam"]);
     assert_eq!(
@@ -260,7 +285,12 @@ fn recount_jobs_mount_the_config_that_carries_the_metrics_recount_settings() {
         min_recall: None,
         max_in_memory: Some(20_000),
     });
-    let d = desired(&metric, &plan(8, None, 3), &Settings::default()).expect("desired");
+    let d = desired(
+        &metric,
+        &Rollout::settled(&metric, plan(8, None, 3)),
+        &Settings::default(),
+    )
+    .expect("desired");
     let job = recount_job(&metric, 1_788_289_200_000, 1, &Settings::default()).expect("job");
     let pod = job.spec.unwrap().template.spec.unwrap();
     let mounted = pod

@@ -1,0 +1,703 @@
+//! One reconcile's decision as a pure function of what it observed: the objects to apply, the
+//! recount Jobs to create, the status to write and the Events to publish. No I/O happens
+//! here, so the whole decision is unit-tested on YAML fixtures of observed objects
+//! (`operator/tests/decide.rs`) without an apiserver.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use serde::Deserialize;
+use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+use topk_api::manifest::{RecountFailure, RecountStatus, RescaleStatus, WorkersStatus};
+use topk_api::record::ExactHourManifest;
+use topk_api::{DataPlaneConfig, TopKMetric, TopKMetricStatus};
+
+use crate::builders::{
+    self, ATTEMPT_LABEL, CONFIG_HASH_ANNOTATION, Desired, HOUR_START_ANNOTATION,
+    RECOUNT_FROM_ANNOTATION, Rollout, Settings, TABLE_CHANGED_AT,
+};
+use crate::error::Error;
+use crate::recount::{self, JobState, ObservedJob};
+use crate::rollout::{self, Observed};
+use crate::status::condition;
+use crate::topics::TopicProblem;
+
+/// Everything one reconcile reads, gathered before anything is decided.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Observation {
+    pub metric: TopKMetric,
+    /// The operator's clock when the reconcile started.
+    pub now: Time,
+    /// What ensuring the Kafka topics found wrong (None when they are as the spec needs, or
+    /// when the metric is not acted on).
+    #[serde(default)]
+    pub kafka: Option<TopicProblem>,
+    #[serde(default)]
+    pub assignment: Option<ConfigMap>,
+    /// Read only when an assignment exists (nothing can have been released before).
+    #[serde(default)]
+    pub worker_reports: Option<ConfigMap>,
+    #[serde(default)]
+    pub worker: Option<StatefulSet>,
+    #[serde(default)]
+    pub reducer: Option<StatefulSet>,
+    /// The metric's recount Jobs, listed while its recount is enabled.
+    #[serde(default)]
+    pub recount_jobs: Vec<Job>,
+    /// The Pods of [`unreported_recount`]'s Job: their termination message is its summary.
+    #[serde(default)]
+    pub recount_pods: Vec<Pod>,
+}
+
+/// An Event about the TopKMetric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Note {
+    fn normal(reason: &str, message: String) -> Self {
+        Self {
+            warning: false,
+            reason: reason.to_owned(),
+            message,
+        }
+    }
+
+    fn warning(reason: &str, message: String) -> Self {
+        Self {
+            warning: true,
+            ..Self::normal(reason, message)
+        }
+    }
+}
+
+pub struct Decision {
+    /// The objects to apply, in order; None leaves the cluster as it is (invalid or paused).
+    pub objects: Option<Desired>,
+    /// Recount Jobs to create after the objects.
+    pub recount_jobs: Vec<Job>,
+    /// Written before anything is applied: a rescale step's start, so that a restarted
+    /// operator keeps counting towards the same deadline.
+    pub write_ahead: Option<TopKMetricStatus>,
+    /// Written last, when it differs from the metric's status.
+    pub status: TopKMetricStatus,
+    /// Published after the apply.
+    pub notes: Vec<Note>,
+    /// Worth a log line but not an Event: they would repeat on every reconcile.
+    pub warnings: Vec<String>,
+    /// Shards the new assignment moves to another worker, when the table changes.
+    pub shard_moves: Option<u64>,
+    /// When to look again without a change (None: only on a change).
+    pub requeue: Option<Duration>,
+}
+
+/// Whether the reconcile acts on the cluster and Kafka at all: not while the spec is invalid
+/// or the metric paused.
+pub fn acts_on(metric: &TopKMetric) -> bool {
+    !metric.spec.paused && DataPlaneConfig::from_metric(metric).is_ok()
+}
+
+/// The `RolledOut` Event of a StatefulSet the apply changed.
+pub fn rolled_out(component: &str, sts: &StatefulSet) -> Note {
+    let spec = sts.spec.as_ref();
+    let replicas = spec.and_then(|s| s.replicas).unwrap_or(0);
+    let hash = spec
+        .and_then(|s| s.template.metadata.as_ref()?.annotations.as_ref())
+        .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+        .unwrap_or_default();
+    Note::normal(
+        "RolledOut",
+        format!("applied the {component} StatefulSet: {replicas} replicas, config hash {hash}"),
+    )
+}
+
+/// The newest succeeded recount Job the status has not summarised yet: its Pods are read
+/// once for the summary `topk recount` leaves as their termination message.
+pub fn unreported_recount<'a>(previous: &TopKMetricStatus, jobs: &'a [Job]) -> Option<&'a Job> {
+    let known_hour = previous
+        .recount
+        .as_ref()
+        .and_then(|r| r.last_recount.as_ref())
+        .and_then(|m| parse_ms(&m.hour));
+    jobs.iter()
+        .filter_map(|job| Some((observe_job(job)?, job)))
+        .filter(|(o, _)| o.state == JobState::Succeeded && known_hour.is_none_or(|h| o.hour_ms > h))
+        .max_by_key(|(o, _)| o.hour_ms)
+        .map(|(_, job)| job)
+}
+
+pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
+    let metric = &o.metric;
+    let generation = metric.metadata.generation;
+    let previous = metric.status.clone().unwrap_or_default();
+    let mut status = previous.clone();
+    status.observed_generation = generation;
+    let at = &o.now;
+    let cond = |type_: &str, ok: bool, reason: &str, message: String| {
+        condition(
+            &previous.conditions,
+            type_,
+            ok,
+            reason,
+            message,
+            generation,
+            at,
+        )
+    };
+    let mut notes = Vec::new();
+    let mut warnings = Vec::new();
+    let hold = |status, notes, requeue| Decision {
+        objects: None,
+        recount_jobs: Vec::new(),
+        write_ahead: None,
+        status,
+        notes,
+        warnings: Vec::new(),
+        shard_moves: None,
+        requeue,
+    };
+
+    if let Err(err) = DataPlaneConfig::from_metric(metric) {
+        if newly_degraded(&previous, "InvalidSpec") {
+            notes.push(Note::warning("InvalidSpec", err.to_string()));
+        }
+        status.conditions = vec![
+            cond(
+                "Ready",
+                false,
+                "InvalidSpec",
+                "the spec is invalid; see Degraded".into(),
+            ),
+            cond(
+                "Progressing",
+                false,
+                "InvalidSpec",
+                "nothing is changed until the spec is fixed".into(),
+            ),
+            cond("Degraded", true, "InvalidSpec", err.to_string()),
+        ];
+        return Ok(hold(status, notes, None));
+    }
+    if metric.spec.paused {
+        status.conditions = vec![
+            cond(
+                "Ready",
+                previous_ready(&previous),
+                "Paused",
+                "paused: the operator changes nothing".into(),
+            ),
+            cond(
+                "Progressing",
+                false,
+                "Paused",
+                "spec.paused is true; set it to false to resume".into(),
+            ),
+            cond("Degraded", false, "Paused", String::new()),
+        ];
+        return Ok(hold(status, notes, Some(Duration::from_secs(300))));
+    }
+
+    // Kafka problems do not stop the rollout of the objects; they keep the metric Degraded
+    // and not Ready until fixed.
+    if let Some(problem) = &o.kafka
+        && newly_degraded(&previous, problem.reason())
+    {
+        notes.push(Note::warning(problem.reason(), problem.message()));
+    }
+
+    // The rescale step.
+    let table = match &o.assignment {
+        Some(cm) => read_table(cm)?,
+        None => None,
+    };
+    let changed_at = o
+        .assignment
+        .as_ref()
+        .and_then(|cm| cm.annotations().get(TABLE_CHANGED_AT).cloned());
+    let table_age_ms = changed_at.as_deref().and_then(|text| {
+        let changed = text.parse::<k8s_openapi::jiff::Timestamp>().ok()?;
+        Some(at.0.duration_since(changed).as_millis() as i64)
+    });
+    let ready_workers = ready_replicas(o.worker.as_ref());
+    let running_workers = o
+        .worker
+        .as_ref()
+        .and_then(|s| s.spec.as_ref()?.replicas)
+        .unwrap_or(0)
+        .max(0) as u32;
+    let shards = metric.spec.shards;
+    let desired_workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
+    let departing_released = table.as_ref().is_none_or(|t| {
+        all_released(
+            o.worker_reports.as_ref(),
+            desired_workers..running_workers,
+            t.version,
+        )
+    });
+    let step = rollout::step(&Observed {
+        shards,
+        desired_workers,
+        table: table.as_ref(),
+        ready_workers,
+        table_age_ms,
+        drain_ms: settings.drain.as_millis() as i64,
+        departing_released,
+    });
+
+    let mut shard_moves = None;
+    let table_changed = table.as_ref() != Some(&step.table);
+    let rollout = Rollout {
+        worker_replicas: step.statefulset_replicas,
+        table: step.table.clone(),
+        table_changed_at: if table_changed {
+            Some(at.0.to_string())
+        } else {
+            changed_at
+        },
+        replaces: if table_changed {
+            o.assignment
+                .as_ref()
+                .and_then(|cm| cm.metadata.resource_version.clone())
+        } else {
+            None
+        },
+    };
+    if let Some(old) = table.as_ref().filter(|_| table_changed) {
+        let moved = old
+            .shards
+            .iter()
+            .zip(&step.table.shards)
+            .filter(|(a, b)| a.worker != b.worker)
+            .count();
+        shard_moves = Some(moved as u64);
+        notes.push(Note::normal(
+            "ShardsMoved",
+            format!(
+                "moved {moved} of {shards} shards (assignment version {}, each moved shard at a new epoch); {}",
+                step.table.version,
+                step.progress.clone().unwrap_or_else(|| "settled".into())
+            ),
+        ));
+    }
+    let objects = builders::desired(metric, &rollout, settings)?;
+
+    status.rescale = step.phase.map(|phase| {
+        let same = previous
+            .rescale
+            .as_ref()
+            .filter(|r| r.phase == phase.as_str() && r.target_workers == desired_workers);
+        RescaleStatus {
+            phase: phase.as_str().to_owned(),
+            target_workers: desired_workers,
+            since: same.map_or_else(|| at.0.to_string(), |r| r.since.clone()),
+        }
+    });
+    let write_ahead = (status.rescale != previous.rescale).then(|| status.clone());
+    let rescale_stuck = status.rescale.as_ref().and_then(|r| {
+        let since = r.since.parse::<k8s_openapi::jiff::Timestamp>().ok()?;
+        let waited = at.0.duration_since(since).as_secs_f64();
+        (waited > settings.rescale_deadline.as_secs_f64()).then(|| {
+            format!(
+                "rescale step {} has waited {:.0}s (deadline {}s): {}; check the worker pods",
+                r.phase,
+                waited,
+                settings.rescale_deadline.as_secs(),
+                step.progress.clone().unwrap_or_default()
+            )
+        })
+    });
+
+    let recount = decide_recount(
+        o,
+        settings,
+        &previous,
+        &mut status,
+        &mut notes,
+        &mut warnings,
+    )?;
+
+    let desired_reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
+    let ready_reducers = ready_replicas(o.reducer.as_ref());
+    let ready = o.kafka.is_none()
+        && step.progress.is_none()
+        && ready_workers >= desired_workers
+        && ready_reducers >= desired_reducers;
+    status.workers = Some(WorkersStatus {
+        replicas: desired_workers as i32,
+        ready: ready_workers.min(desired_workers) as i32,
+        selector: builders::selector(metric, "worker"),
+        summary: format!("{}/{}", ready_workers.min(desired_workers), desired_workers),
+    });
+    status.assignment_version = Some(step.table.version);
+
+    let mut problems: Vec<(&str, String)> = Vec::new();
+    if let Some(problem) = &o.kafka {
+        problems.push((problem.reason(), problem.message()));
+    }
+    if let Some(message) = rescale_stuck {
+        problems.push(("RescaleStuck", message));
+    }
+    if let Some(message) = recount.failing {
+        problems.push(("RecountFailing", message));
+    }
+    // The reducer grades each recounted hour; the threshold is read from the live spec.
+    if let Some(message) = previous
+        .grading
+        .as_ref()
+        .and_then(|g| g.problem(metric.spec.min_recall()))
+    {
+        problems.push(("RankingInaccurate", message));
+    }
+    for (reason, message) in problems.iter().skip(usize::from(o.kafka.is_some())) {
+        if newly_degraded(&previous, reason) {
+            notes.push(Note::warning(reason, message.clone()));
+        }
+    }
+    let progress = step.progress.clone();
+    status.conditions = vec![
+        cond(
+            "Ready",
+            ready,
+            if ready { "Ready" } else { "NotReady" },
+            if ready {
+                format!("{desired_workers} workers and {desired_reducers} reducers ready")
+            } else {
+                format!(
+                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}"
+                )
+            },
+        ),
+        cond(
+            "Progressing",
+            progress.is_some() || !ready,
+            if progress.is_some() {
+                "Rescaling"
+            } else if ready {
+                "Settled"
+            } else {
+                "Rolling"
+            },
+            progress.unwrap_or_else(|| {
+                if ready {
+                    "settled".into()
+                } else {
+                    "waiting for pods to be ready".into()
+                }
+            }),
+        ),
+        match problems.first() {
+            Some((reason, _)) => cond(
+                "Degraded",
+                true,
+                reason,
+                problems
+                    .iter()
+                    .map(|(_, m)| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            None => cond("Degraded", false, "AsExpected", String::new()),
+        },
+    ];
+    // Kafka is not watched: look again soon while a topic problem lasts. A stuck rescale is
+    // looked at less often: it waits on something outside the operator.
+    let mut requeue = if o.kafka.is_some() {
+        Duration::from_secs(10)
+    } else if step.progress.is_some() {
+        Duration::from_secs(if problems.is_empty() { 2 } else { 10 })
+    } else {
+        Duration::from_secs(300)
+    };
+    if let Some(due) = recount.due_in {
+        requeue = requeue.min(due);
+    }
+    Ok(Decision {
+        objects: Some(objects),
+        recount_jobs: recount.jobs,
+        write_ahead,
+        status,
+        notes,
+        warnings,
+        shard_moves,
+        requeue: Some(requeue),
+    })
+}
+
+fn ready_replicas(sts: Option<&StatefulSet>) -> u32 {
+    sts.and_then(|s| s.status.as_ref()?.ready_replicas)
+        .unwrap_or(0)
+        .max(0) as u32
+}
+
+/// Whether `reason` is a newly raised `Degraded` (not already reported in the last status).
+fn newly_degraded(previous: &TopKMetricStatus, reason: &str) -> bool {
+    !previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == reason)
+}
+
+fn previous_ready(status: &TopKMetricStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn read_table(cm: &ConfigMap) -> Result<Option<AssignmentTable>, Error> {
+    let Some(text) = cm.data.as_ref().and_then(|d| d.get(ASSIGNMENT_KEY)) else {
+        return Ok(None);
+    };
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| Error::Assignment(cm.name_any(), e))
+}
+
+/// Whether every worker ordinal in `departing` has reported (in the worker-reports ConfigMap,
+/// key `worker-N`, value `{"assignmentVersion": V}`) that it applied table `version` or newer,
+/// i.e. released the shards moved off it.
+fn all_released(
+    reports: Option<&ConfigMap>,
+    mut departing: std::ops::Range<u32>,
+    version: u64,
+) -> bool {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Report {
+        assignment_version: u64,
+    }
+    let data = reports.and_then(|cm| cm.data.as_ref());
+    departing.all(|ordinal| {
+        data.and_then(|d| d.get(&format!("worker-{ordinal}")))
+            .and_then(|text| serde_json::from_str::<Report>(text).ok())
+            .is_some_and(|r| r.assignment_version >= version)
+    })
+}
+
+struct RecountOutcome {
+    jobs: Vec<Job>,
+    /// Why the metric is Degraded by the recount, if it is.
+    failing: Option<String>,
+    /// When the recount next needs a look.
+    due_in: Option<Duration>,
+}
+
+/// The hourly recount's step: the Jobs to create, `exactUntil` and `status.recount`.
+fn decide_recount(
+    o: &Observation,
+    settings: &Settings,
+    previous: &TopKMetricStatus,
+    status: &mut TopKMetricStatus,
+    notes: &mut Vec<Note>,
+    warnings: &mut Vec<String>,
+) -> Result<RecountOutcome, Error> {
+    let metric = &o.metric;
+    let recount_settings = metric.spec.recount_settings();
+    if !recount_settings.enabled {
+        status.recount = None;
+        return Ok(RecountOutcome {
+            jobs: Vec::new(),
+            failing: None,
+            due_in: None,
+        });
+    }
+    let jobs: Vec<ObservedJob> = o.recount_jobs.iter().filter_map(observe_job).collect();
+    let last_recount = last_recount(o, previous, notes);
+    let memory = recount_memory(previous);
+    let now_ms = o.now.0.as_millisecond();
+    let created_ms = metric
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(now_ms, |t| t.0.as_millisecond());
+    let from_ms = match metric.annotations().get(RECOUNT_FROM_ANNOTATION) {
+        Some(text) => match parse_ms(text) {
+            Some(from) => from.min(created_ms),
+            None => {
+                warnings.push(format!(
+                    "{RECOUNT_FROM_ANNOTATION} {text:?} is not an RFC 3339 time; recounting from the creation"
+                ));
+                created_ms
+            }
+        },
+        None => created_ms,
+    };
+    let plan = recount::plan(
+        now_ms,
+        from_ms,
+        &recount::Settings {
+            grace_ms: recount_settings.grace_ms,
+            backfill_ms: recount_settings.backfill_ms,
+            max_concurrent: recount_settings.max_concurrent,
+        },
+        &memory,
+        &jobs,
+    );
+    if let Some((from, to)) = plan.abandoned {
+        notes.push(Note::warning(
+            "RecountSkipped",
+            format!(
+                "hours {} to {} fell behind the backfill horizon before they were recounted; they stay approximate and the exact run restarts at {}",
+                rfc3339(from),
+                rfc3339(to),
+                rfc3339(to)
+            ),
+        ));
+    }
+    let mut created = Vec::with_capacity(plan.create.len());
+    for (hour, attempt) in &plan.create {
+        created.push(builders::recount_job(metric, *hour, *attempt, settings)?);
+        notes.push(Note::normal(
+            "RecountStarted",
+            format!("recounting hour {} (attempt {attempt})", rfc3339(*hour)),
+        ));
+    }
+    let memory = plan.memory;
+    status.exact_until = memory.exact_until_ms.map(rfc3339);
+    status.recount = Some(RecountStatus {
+        exact_from: memory.exact_from_ms.map(rfc3339),
+        running: plan.running,
+        succeeded: memory.succeeded.iter().map(|h| rfc3339(*h)).collect(),
+        failures: memory
+            .failures
+            .iter()
+            .map(|(h, f)| RecountFailure {
+                hour: rfc3339(*h),
+                attempts: f.attempts,
+                last_failure: rfc3339(f.last_ms),
+            })
+            .collect(),
+        last_recount,
+    });
+    Ok(RecountOutcome {
+        jobs: created,
+        failing: plan.failing.map(|(hour, attempts)| {
+            format!(
+                "the recount of hour {} failed {attempts} times (retrying with backoff); exactUntil waits for it; see `kubectl logs -l {}={}`",
+                rfc3339(hour),
+                builders::HOUR_LABEL,
+                builders::hour_id(hour).unwrap_or_default()
+            )
+        }),
+        due_in: Some(Duration::from_millis(
+            (plan.next_due_ms - now_ms).clamp(1_000, 3_600_000) as u64,
+        )),
+    })
+}
+
+/// The summary of the newest succeeded recount (announced in an Event the first time), or
+/// the one the status already has when there is no newer one or its Pods are gone (TTL).
+fn last_recount(
+    o: &Observation,
+    previous: &TopKMetricStatus,
+    notes: &mut Vec<Note>,
+) -> Option<ExactHourManifest> {
+    let known = previous
+        .recount
+        .as_ref()
+        .and_then(|r| r.last_recount.clone());
+    let Some(job) = unreported_recount(previous, &o.recount_jobs) else {
+        return known;
+    };
+    let job_name = job.name_any();
+    let summary = o
+        .recount_pods
+        .iter()
+        .filter(|pod| pod.labels().get("batch.kubernetes.io/job-name") == Some(&job_name))
+        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.as_deref())
+        .find_map(|message| serde_json::from_str::<ExactHourManifest>(message).ok());
+    let Some(summary) = summary else {
+        return known;
+    };
+    let rejected: u64 = summary.rejected.values().sum();
+    notes.push(Note::normal(
+        "RecountFinished",
+        format!(
+            "hour {}: {} events read, {} counted, {} duplicates dropped, {rejected} rejected, {} keys, {} ms",
+            summary.hour,
+            summary.events_read,
+            summary.counted,
+            summary.duplicates,
+            summary.keys,
+            summary.duration_ms
+        ),
+    ));
+    Some(summary)
+}
+
+fn rfc3339(ms: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn parse_ms(text: &str) -> Option<i64> {
+    text.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond())
+}
+
+/// What the last status remembers of the recount.
+fn recount_memory(previous: &TopKMetricStatus) -> recount::Memory {
+    let mut memory = recount::Memory {
+        exact_until_ms: previous.exact_until.as_deref().and_then(parse_ms),
+        ..Default::default()
+    };
+    if let Some(r) = &previous.recount {
+        memory.exact_from_ms = r.exact_from.as_deref().and_then(parse_ms);
+        memory.succeeded = r.succeeded.iter().filter_map(|h| parse_ms(h)).collect();
+        memory.failures = r
+            .failures
+            .iter()
+            .filter_map(|f| {
+                Some((
+                    parse_ms(&f.hour)?,
+                    recount::Failure {
+                        attempts: f.attempts,
+                        last_ms: parse_ms(&f.last_failure)?,
+                    },
+                ))
+            })
+            .collect();
+    }
+    memory
+}
+
+/// A recount Job's hour, attempt and state; None for a Job without the operator's labels.
+fn observe_job(job: &Job) -> Option<ObservedJob> {
+    let hour_ms = parse_ms(job.annotations().get(HOUR_START_ANNOTATION)?)?;
+    let attempt = job.labels().get(ATTEMPT_LABEL)?.parse().ok()?;
+    let conditions = job
+        .status
+        .as_ref()?
+        .conditions
+        .as_deref()
+        .unwrap_or_default();
+    let finished = |type_: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True")
+    };
+    let state = if finished("Complete") {
+        JobState::Succeeded
+    } else if finished("Failed") {
+        JobState::Failed
+    } else {
+        JobState::Running
+    };
+    Some(ObservedJob {
+        hour_ms,
+        attempt,
+        state,
+    })
+}

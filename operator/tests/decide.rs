@@ -1,0 +1,328 @@
+//! The reconcile's decision on YAML fixtures of what it observed: no apiserver, no Kafka.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+use topk_api::manifest::RescaleStatus;
+use topk_operator::builders::{Settings, TABLE_CHANGED_AT};
+use topk_operator::decide::{Decision, Observation, decide};
+use topk_operator::rollout::table_workers;
+use topk_operator::topics::TopicProblem;
+
+fn fixture(name: &str) -> Observation {
+    let path = format!(
+        "{}/tests/fixtures/decide/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn decided(o: &Observation) -> Decision {
+    decide(o, &Settings::default()).expect("a decision")
+}
+
+fn condition<'a>(d: &'a Decision, type_: &str) -> &'a Condition {
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {:?}", d.status.conditions))
+}
+
+fn reasons(d: &Decision) -> Vec<&str> {
+    d.notes.iter().map(|n| n.reason.as_str()).collect()
+}
+
+fn table(d: &Decision) -> AssignmentTable {
+    let objects = d.objects.as_ref().expect("objects");
+    let text = &objects.assignment.data.as_ref().expect("data")[ASSIGNMENT_KEY];
+    serde_json::from_str(text).expect("table")
+}
+
+fn worker_replicas(d: &Decision) -> i32 {
+    let objects = d.objects.as_ref().expect("objects");
+    objects
+        .worker
+        .spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .expect("replicas")
+}
+
+fn changed_at(d: &Decision) -> Option<String> {
+    let objects = d.objects.as_ref().expect("objects");
+    objects
+        .assignment
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(TABLE_CHANGED_AT)
+        .cloned()
+}
+
+#[test]
+fn a_new_metric_gets_every_object_and_waits_for_its_pods() {
+    let d = decided(&fixture("created.yaml"));
+    assert_eq!(worker_replicas(&d), 2);
+    let table = table(&d);
+    assert_eq!((table.version, table_workers(&table)), (1, 2));
+    let objects = d.objects.as_ref().unwrap();
+    assert_eq!(
+        objects.assignment.metadata.resource_version, None,
+        "a first table needs no precondition"
+    );
+    assert_eq!(changed_at(&d).as_deref(), Some("2026-12-02T10:00:30Z"));
+    assert_eq!(condition(&d, "Ready").status, "False");
+    assert_eq!(
+        condition(&d, "Ready").message,
+        "workers ready 0/2, reducers ready 0/1"
+    );
+    assert_eq!(condition(&d, "Progressing").reason, "Rolling");
+    assert_eq!(condition(&d, "Degraded").status, "False");
+    assert_eq!(d.status.observed_generation, Some(1));
+    assert_eq!(d.status.assignment_version, Some(1));
+    assert!(d.write_ahead.is_none() && d.shard_moves.is_none());
+    assert!(d.notes.is_empty(), "{:?}", d.notes);
+    assert!(d.recount_jobs.is_empty(), "no hour has closed yet");
+    let requeue = d.requeue.expect("a requeue");
+    assert!(requeue <= Duration::from_secs(300), "{requeue:?}");
+}
+
+#[test]
+fn an_invalid_spec_changes_nothing_and_is_reported_once() {
+    let mut o = fixture("created.yaml");
+    o.metric.spec.k = 0;
+    let d = decided(&o);
+    assert!(d.objects.is_none() && d.recount_jobs.is_empty());
+    assert_eq!(reasons(&d), ["InvalidSpec"]);
+    assert_eq!(
+        (
+            condition(&d, "Degraded").status.as_str(),
+            condition(&d, "Degraded").reason.as_str()
+        ),
+        ("True", "InvalidSpec")
+    );
+    assert_eq!(d.requeue, None, "waits for the spec to change");
+    o.metric.status = Some(d.status);
+    assert!(decided(&o).notes.is_empty(), "no second Event");
+}
+
+#[test]
+fn a_paused_metric_keeps_its_readiness_and_changes_nothing() {
+    let mut o = fixture("scale-up-waiting.yaml");
+    o.metric.spec.paused = true;
+    let d = decided(&o);
+    assert!(d.objects.is_none());
+    assert_eq!(condition(&d, "Ready").status, "True");
+    assert_eq!(condition(&d, "Progressing").reason, "Paused");
+    assert_eq!(d.requeue, Some(Duration::from_secs(300)));
+}
+
+#[test]
+fn a_missing_input_topic_degrades_but_still_rolls_out() {
+    let mut o = fixture("created.yaml");
+    o.kafka = Some(TopicProblem::InputMissing {
+        topic: "api-events".into(),
+        shards: 4,
+    });
+    let d = decided(&o);
+    assert!(d.objects.is_some());
+    assert_eq!(reasons(&d), ["InputTopicMissing"]);
+    let degraded = condition(&d, "Degraded");
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "InputTopicMissing")
+    );
+    assert!(
+        degraded.message.contains("4 partitions"),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(d.requeue, Some(Duration::from_secs(10)));
+}
+
+#[test]
+fn the_kafka_problem_fixture_field_reads_as_the_operator_writes_it() {
+    let o: Observation = serde_saphyr::from_str(
+        &std::fs::read_to_string(format!(
+            "{}/tests/fixtures/decide/created.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+        .replace(
+            "now: ",
+            "kafka: {partitionMismatch: {topic: api-events, partitions: 3, shards: 4}}\nnow: ",
+        ),
+    )
+    .expect("fixture");
+    assert_eq!(decided(&o).notes[0].reason, "PartitionMismatch");
+}
+
+#[test]
+fn scaling_up_grows_the_statefulset_first_and_writes_the_step_ahead() {
+    let o = fixture("scale-up-waiting.yaml");
+    let d = decided(&o);
+    assert_eq!(worker_replicas(&d), 3);
+    assert_eq!(
+        table(&d).version,
+        1,
+        "no shard moves before the worker is ready"
+    );
+    assert_eq!(
+        d.objects
+            .as_ref()
+            .unwrap()
+            .assignment
+            .metadata
+            .resource_version,
+        None,
+        "an unchanged table is not a replacement"
+    );
+    assert_eq!(changed_at(&d).as_deref(), Some("2026-12-02T10:00:01Z"));
+    let expected = RescaleStatus {
+        phase: "WaitingForWorkers".into(),
+        target_workers: 3,
+        since: "2026-12-02T10:00:30Z".into(),
+    };
+    assert_eq!(d.status.rescale.as_ref(), Some(&expected));
+    assert_eq!(
+        d.write_ahead.as_ref().and_then(|s| s.rescale.as_ref()),
+        Some(&expected),
+        "the step's start is written before it acts"
+    );
+    assert_eq!(condition(&d, "Progressing").reason, "Rescaling");
+    assert_eq!(condition(&d, "Ready").status, "False");
+    assert!(d.notes.is_empty(), "{:?}", d.notes);
+    assert_eq!(d.requeue, Some(Duration::from_secs(2)));
+}
+
+#[test]
+fn a_rescale_step_past_its_deadline_degrades_the_metric() {
+    let mut o = fixture("scale-up-waiting.yaml");
+    let status = o.metric.status.as_mut().unwrap();
+    status.rescale = Some(RescaleStatus {
+        phase: "WaitingForWorkers".into(),
+        target_workers: 3,
+        since: "2026-12-02T09:40:00Z".into(),
+    });
+    let d = decided(&o);
+    assert!(d.write_ahead.is_none(), "the same step keeps its start");
+    let degraded = condition(&d, "Degraded");
+    assert_eq!(degraded.reason, "RescaleStuck");
+    assert!(
+        degraded.message.contains("deadline 600s"),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(reasons(&d), ["RescaleStuck"]);
+    assert_eq!(d.requeue, Some(Duration::from_secs(10)));
+}
+
+#[test]
+fn once_the_new_worker_is_ready_shards_move_under_a_precondition() {
+    let mut o = fixture("scale-up-waiting.yaml");
+    o.worker
+        .as_mut()
+        .unwrap()
+        .status
+        .as_mut()
+        .unwrap()
+        .ready_replicas = Some(3);
+    let d = decided(&o);
+    let table = table(&d);
+    assert_eq!((table.version, table_workers(&table)), (2, 3));
+    let objects = d.objects.as_ref().unwrap();
+    assert_eq!(
+        objects.assignment.metadata.resource_version.as_deref(),
+        Some("41"),
+        "the table is replaced only if nobody changed it since it was read"
+    );
+    assert_eq!(changed_at(&d).as_deref(), Some("2026-12-02T10:00:30Z"));
+    let moved = d.shard_moves.expect("moves");
+    assert!(moved >= 1, "{moved}");
+    assert_eq!(reasons(&d), ["ShardsMoved"]);
+    assert!(
+        table
+            .shards
+            .iter()
+            .filter(|s| s.worker == 2)
+            .all(|s| s.epoch == 2),
+        "every moved shard is fenced at a new epoch: {table:?}"
+    );
+}
+
+#[test]
+fn a_settled_metric_is_ready_and_decides_no_change() {
+    let mut o = fixture("scale-up-waiting.yaml");
+    o.metric.spec.workers.as_mut().unwrap().replicas = 2;
+    let sts = o.worker.as_mut().unwrap();
+    sts.spec.as_mut().unwrap().replicas = Some(2);
+    sts.status.as_mut().unwrap().ready_replicas = Some(2);
+    let d = decided(&o);
+    assert_eq!(worker_replicas(&d), 2);
+    assert_eq!(table(&d).version, 1);
+    assert_eq!(condition(&d, "Ready").status, "True");
+    assert_eq!(
+        condition(&d, "Ready").last_transition_time.0.to_string(),
+        "2026-12-02T10:00:10Z",
+        "an unchanged condition keeps its transition time"
+    );
+    assert_eq!(condition(&d, "Progressing").reason, "Settled");
+    assert!(d.write_ahead.is_none() && d.notes.is_empty() && d.shard_moves.is_none());
+    assert_eq!(d.status.recount, None, "recount is disabled");
+    assert_eq!(d.requeue, Some(Duration::from_secs(300)));
+}
+
+#[test]
+fn a_finished_recount_is_summarised_and_the_next_hour_started_with_the_metric_settings() {
+    let o = fixture("recount-finished.yaml");
+    let d = decided(&o);
+    let recount = d.status.recount.as_ref().expect("recount status");
+    let last = recount.last_recount.as_ref().expect("the pod's summary");
+    assert_eq!(
+        (last.hour.as_str(), last.counted),
+        ("2026-12-02T07:00:00Z", 118)
+    );
+    assert_eq!(
+        d.status.exact_until.as_deref(),
+        Some("2026-12-02T08:00:00Z")
+    );
+    assert_eq!(reasons(&d), ["RecountFinished", "RecountStarted"]);
+    assert_eq!(
+        d.recount_jobs.len(),
+        1,
+        "maxConcurrent 1: one of the two closed hours at a time"
+    );
+    let job = &d.recount_jobs[0];
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some("api-requests-recount-2026120208-1")
+    );
+    let container = &job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0];
+    assert_eq!(
+        container.args.as_deref().unwrap(),
+        [
+            "recount",
+            "--config",
+            "/etc/topk/metric.json",
+            "--hour",
+            "2026-12-02T08:00:00Z"
+        ]
+    );
+    let mut again = o.clone();
+    again.metric.status = Some(d.status.clone());
+    assert!(
+        !reasons(&decided(&again)).contains(&"RecountFinished"),
+        "a summary is announced once"
+    );
+}
