@@ -62,29 +62,11 @@ pub fn load_config(file: Option<&PathBuf>) -> Result<DataPlaneConfig, CliError> 
         })?,
         None => DEFAULT_MANIFEST.to_owned(),
     };
-    Ok(DataPlaneConfig::from_metric(&load_manifest(&text)?)?)
+    manifest_config(&text)
 }
 
-/// Reads the manifest again every second and sends its deny list when it changed; a manifest
-/// that no longer loads keeps the list in force.
-async fn watch_deny(path: PathBuf, tx: watch::Sender<DenyList>) {
-    loop {
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        match load_config(Some(&path)) {
-            Ok(config) => {
-                let list = config.deny.list(None);
-                tx.send_if_modified(|current| {
-                    let changed = *current != list;
-                    if changed {
-                        tracing::info!(keys = list.len(), "deny list changed");
-                        *current = list;
-                    }
-                    changed
-                });
-            }
-            Err(err) => tracing::warn!(%err, "manifest unreadable; keeping the deny list"),
-        }
-    }
+fn manifest_config(text: &str) -> Result<DataPlaneConfig, CliError> {
+    Ok(DataPlaneConfig::from_metric(&load_manifest(text)?)?)
 }
 
 pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
@@ -100,17 +82,17 @@ pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = load_config(args.file.as_ref())?;
     let name = config.name.clone();
-    if config.deny.config_map.is_some() {
-        tracing::warn!(
-            "denyKeysFrom names a ConfigMap, which topk run cannot read; using denyKeys alone"
-        );
-    }
     let state = app_state(&config.engine);
-    let (deny_tx, deny_rx) = watch::channel(config.deny.list(None));
+    let (deny_tx, deny_rx) = watch::channel(Some(config.deny.list(None)));
     let mut pipeline = Pipeline::new(config.engine)?;
-    pipeline.set_deny(deny_rx.borrow().iter().cloned());
+    pipeline.set_deny(config.deny.list(None));
     if let Some(path) = args.file.clone() {
-        tokio::spawn(watch_deny(path, deny_tx));
+        // The manifest is read again every second: an edited denyKeys applies live.
+        tokio::spawn(topk_runtime::control::poll_deny_list(
+            path,
+            manifest_config,
+            deny_tx,
+        ));
     }
     let (listener, addr) = server::bind(&args.listen).await?;
     tracing::info!("TopKMetric {name}: query API listening on http://{addr}");
@@ -138,7 +120,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
 fn ingest(
     input: &str,
     mut ingestor: Ingestor,
-    mut deny: watch::Receiver<DenyList>,
+    mut deny: watch::Receiver<Option<DenyList>>,
 ) -> Result<Ingestor, CliError> {
     let reader: Box<dyn Read + Send> = if input == "-" {
         Box::new(std::io::stdin())
@@ -165,8 +147,9 @@ fn ingest(
         }
         lines += 1;
         // One atomic load: a slow stream picks up a changed deny list at its next line.
-        if deny.has_changed().unwrap_or(false) {
-            let list = deny.borrow_and_update().clone();
+        if deny.has_changed().unwrap_or(false)
+            && let Some(list) = deny.borrow_and_update().clone()
+        {
             ingestor.set_deny(list);
         }
         if lines.is_multiple_of(1024) {

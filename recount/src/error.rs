@@ -14,8 +14,6 @@ pub enum Error {
     Spill(#[from] rocksdb::Error),
     #[error("encoding the hour: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("{0} records of the hour were not delivered")]
-    Delivery(u64),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use topk_api::DataPlaneConfig;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason, format_rfc3339_ms};
 use topk_runtime::input::InputConsumer;
-use topk_runtime::output::{DeliveryCounter, send};
+use topk_runtime::output::{ChunkedWrite, DeliveryCounter};
 
 pub use counter::HourCounter;
 pub use error::Error;
@@ -174,8 +174,7 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
         // All partitions are fetched at once by the client; counting is one loop.
         consumer.assign(&tpl)?;
         let mut open: BTreeMap<i32, i64> = ranges.iter().map(|(p, (_, end))| (*p, *end)).collect();
-        // One parser per partition: each partition's events most likely share a layout.
-        let mut parsers: BTreeMap<i32, EventParser> = BTreeMap::new();
+        let parser = EventParser::new(settings.max_key_bytes);
         let mut batch = Vec::with_capacity(BATCH);
         while !open.is_empty() {
             let read = input.read(Duration::from_millis(500), BATCH, &mut batch);
@@ -204,9 +203,6 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
                     continue;
                 }
                 manifest.events_read += 1;
-                let parser = parsers
-                    .entry(msg.partition())
-                    .or_insert_with(|| EventParser::new(settings.max_key_bytes));
                 count_one(
                     settings,
                     &mut counter,
@@ -217,11 +213,19 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
             }
         }
     }
-    let output = producer(settings)?;
-    let chunks = publish(settings, &output, &hour, counter, &mut manifest)?;
-    manifest.chunks = chunks;
+    let producer = producer(settings)?;
+    let mut write = ChunkedWrite::new(&producer, KAFKA_TIMEOUT);
+    publish(settings, &mut write, &hour, counter, &mut manifest)?;
+    manifest.chunks = write.chunks();
     manifest.duration_ms = started.elapsed().as_millis() as u64;
-    send_manifest(settings, &output, &manifest)?;
+    // The manifest goes last, once every chunk is acknowledged.
+    let body = serde_json::to_vec(&manifest)?;
+    let key = exact_hour_key(&manifest.hour, None);
+    write.finish(
+        BaseRecord::to(&settings.topics.exact_hours)
+            .key(&key)
+            .payload(&body),
+    )?;
     Ok(manifest)
 }
 
@@ -285,39 +289,22 @@ fn count_one(
     Ok(())
 }
 
-/// The hour's producer and its delivery counter.
-type Output = (ThreadedProducer<DeliveryCounter>, DeliveryCounter);
-
-fn producer(settings: &RecountSettings) -> Result<Output, Error> {
-    let delivery = DeliveryCounter::default();
-    let producer = ClientConfig::new()
+fn producer(settings: &RecountSettings) -> Result<ThreadedProducer<DeliveryCounter>, Error> {
+    Ok(ClientConfig::new()
         .set("bootstrap.servers", &settings.bootstrap)
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
-        .create_with_context(delivery.clone())?;
-    Ok((producer, delivery))
+        .create_with_context(DeliveryCounter::default())?)
 }
 
-/// Waits for everything sent; any record the broker did not take fails the recount.
-fn settle(
-    producer: &ThreadedProducer<DeliveryCounter>,
-    delivery: &DeliveryCounter,
-) -> Result<(), Error> {
-    producer.flush(KAFKA_TIMEOUT)?;
-    match delivery.failed() {
-        0 => Ok(()),
-        failed => Err(Error::Delivery(failed)),
-    }
-}
-
-/// Sends the counts as chunks of about [`CHUNK_BYTES`] of JSON; returns how many.
+/// Sends the counts as chunks of about [`CHUNK_BYTES`] of JSON.
 fn publish(
     settings: &RecountSettings,
-    (producer, delivery): &Output,
+    write: &mut ChunkedWrite<'_>,
     hour: &str,
     counter: HourCounter,
     manifest: &mut ExactHourManifest,
-) -> Result<u32, Error> {
+) -> Result<(), Error> {
     let topic = &settings.topics.exact_hours;
     let mut chunk = ExactHourChunk {
         hour: hour.to_owned(),
@@ -326,10 +313,10 @@ fn publish(
     };
     let mut bytes = 0;
     let mut keys = 0u64;
-    let flush = |chunk: &mut ExactHourChunk| -> Result<(), Error> {
+    let mut flush = |chunk: &mut ExactHourChunk| -> Result<(), Error> {
         let body = serde_json::to_vec(chunk)?;
         let key = exact_hour_key(hour, Some(chunk.chunk));
-        send(producer, BaseRecord::to(topic).key(&key).payload(&body))?;
+        write.chunk(BaseRecord::to(topic).key(&key).payload(&body))?;
         chunk.chunk += 1;
         chunk.counts.clear();
         Ok(())
@@ -348,23 +335,5 @@ fn publish(
         flush(&mut chunk)?;
     }
     manifest.keys = keys;
-    settle(producer, delivery)?;
-    Ok(chunk.chunk)
-}
-
-/// The manifest goes last, once every chunk is acknowledged.
-fn send_manifest(
-    settings: &RecountSettings,
-    (producer, delivery): &Output,
-    manifest: &ExactHourManifest,
-) -> Result<(), Error> {
-    let body = serde_json::to_vec(manifest)?;
-    let key = exact_hour_key(&manifest.hour, None);
-    send(
-        producer,
-        BaseRecord::to(&settings.topics.exact_hours)
-            .key(&key)
-            .payload(&body),
-    )?;
-    settle(producer, delivery)
+    Ok(())
 }

@@ -1,60 +1,14 @@
-//! Where a reducer learns its deny list while it runs: the rendered config (the spec's
-//! `denyKeys`) and the ConfigMap key `denyKeysFrom` names. The list goes into a watch channel
+//! Where a reducer in a cluster learns its deny list while it runs: the rendered config (the
+//! spec's `denyKeys`) and the ConfigMap key `denyKeysFrom` names (outside a cluster,
+//! `topk_runtime::control::poll_deny_list` reads the config file). The list goes into a watch channel
 //! that the merging thread looks at between messages; `None` until every source has been read
 //! once, so that a restarted reducer never publishes a key that is still denied.
-
-use std::path::PathBuf;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use topk_api::dataplane::{CONFIG_KEY, DenySource};
 use topk_api::manifest::ConfigMapKey;
 use topk_api::{DataPlaneConfig, DenyList};
-use topk_runtime::control::watch_configmap_key;
-
-/// How often the config file is read again outside a cluster.
-const FILE_POLL: Duration = Duration::from_secs(1);
-
-/// Sends `list` unless it is already the current one.
-fn offer(tx: &watch::Sender<Option<DenyList>>, list: DenyList) {
-    tx.send_if_modified(|current| {
-        let changed = current.as_ref() != Some(&list);
-        if changed {
-            tracing::info!(keys = list.len(), "deny list in force");
-            *current = Some(list);
-        }
-        changed
-    });
-}
-
-/// Outside a cluster: the deny list of the config file, read again every second. A ConfigMap
-/// reference cannot be followed there; it is reported once and left out.
-pub async fn watch_file(path: PathBuf, tx: watch::Sender<Option<DenyList>>) {
-    let mut warned = false;
-    loop {
-        match tokio::fs::read_to_string(&path).await {
-            Ok(text) => match DataPlaneConfig::parse(&text) {
-                Ok(config) => {
-                    if let (Some(from), false) = (&config.deny.config_map, warned) {
-                        tracing::warn!(
-                            configmap = from.name,
-                            "denyKeysFrom names a ConfigMap, which only a reducer in a cluster reads; using denyKeys alone"
-                        );
-                        warned = true;
-                    }
-                    offer(&tx, config.deny.list(None));
-                }
-                Err(err) => {
-                    tracing::warn!(%err, path = %path.display(), "unreadable config; keeping the deny list")
-                }
-            },
-            Err(err) => {
-                tracing::warn!(%err, path = %path.display(), "cannot read the config; keeping the deny list")
-            }
-        }
-        tokio::time::sleep(FILE_POLL).await;
-    }
-}
+use topk_runtime::control::{offer_deny_list as offer, watch_configmap_key};
 
 /// In a cluster: the config ConfigMap and the ConfigMap it references, both watched through
 /// the API (a mounted file updates a minute or more late).

@@ -193,7 +193,11 @@ pub async fn run(
     match control {
         ControlPlane::Files { assignment, .. } => {
             tokio::spawn(topk_runtime::control::watch_file(assignment, table_tx));
-            tokio::spawn(deny::watch_file(config_file, deny_tx));
+            tokio::spawn(topk_runtime::control::poll_deny_list(
+                config_file,
+                topk_api::DataPlaneConfig::parse,
+                deny_tx,
+            ));
         }
         ControlPlane::Kubernetes { client, namespace } => {
             tokio::spawn(topk_runtime::control::watch_configmap(

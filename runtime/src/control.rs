@@ -1,5 +1,5 @@
-//! Where a worker or reducer learns its shards and a worker tells the operator what it
-//! applied.
+//! Where a worker or reducer learns its shards (and a reducer its deny list) and a worker
+//! tells the operator what it applied.
 //!
 //! In a cluster it watches the assignment ConfigMap through the API (a mounted file updates
 //! late) and reports into the worker-reports ConfigMap; outside a cluster both are files. Both
@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+use topk_api::{DataPlaneConfig, DenyList};
 
 /// Where the assignment table comes from and where the applied version goes.
 pub enum ControlPlane {
@@ -40,24 +41,79 @@ fn parse_table(text: &str, from: &str) -> Option<AssignmentTable> {
     }
 }
 
-/// Publishes the table in `path` whenever its content changes (checked every 200 ms).
-pub async fn watch_file(path: PathBuf, tx: watch::Sender<Option<AssignmentTable>>) {
-    let mut last = String::new();
+/// Calls `on_text` with the text of the file at `path` whenever it changed, looking every
+/// `every`: the outside-a-cluster twin of [`watch_configmap_key`]. A file that cannot be read
+/// (yet, or any more) changes nothing; losing a file that was read is logged once.
+pub async fn poll_file(path: PathBuf, every: Duration, mut on_text: impl FnMut(&str)) {
+    let mut last: Option<String> = None;
+    let mut unreadable = false;
     loop {
         match tokio::fs::read_to_string(&path).await {
-            Ok(text) if text != last => {
-                if let Some(table) = parse_table(&text, &path.display().to_string()) {
-                    tx.send_replace(Some(table));
+            Ok(text) => {
+                unreadable = false;
+                if last.as_ref() != Some(&text) {
+                    on_text(&text);
+                    last = Some(text);
                 }
-                last = text;
             }
-            Ok(_) => {}
-            Err(err) => {
-                tracing::debug!(%err, path = %path.display(), "assignment file not readable yet")
+            Err(err) if last.is_some() && !unreadable => {
+                unreadable = true;
+                tracing::warn!(%err, path = %path.display(), "cannot read the file any more; keeping what it said");
             }
+            Err(err) => tracing::debug!(%err, path = %path.display(), "file not readable yet"),
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(every).await;
     }
+}
+
+/// Publishes the table in `path` whenever its content changes (checked every 200 ms).
+pub async fn watch_file(path: PathBuf, tx: watch::Sender<Option<AssignmentTable>>) {
+    let from = path.display().to_string();
+    poll_file(path, Duration::from_millis(200), move |text| {
+        if let Some(table) = parse_table(text, &from) {
+            tx.send_replace(Some(table));
+        }
+    })
+    .await
+}
+
+/// Sends the deny list `list` unless it is already the one in force.
+pub fn offer_deny_list(tx: &watch::Sender<Option<DenyList>>, list: DenyList) {
+    tx.send_if_modified(|current| {
+        let changed = current.as_ref() != Some(&list);
+        if changed {
+            tracing::info!(keys = list.len(), "deny list in force");
+            *current = Some(list);
+        }
+        changed
+    });
+}
+
+/// Outside a cluster: the deny list of the config in the file at `path` (read by `load`: the
+/// rendered config for a reducer, a manifest for `topk run`), looked at every second. A file
+/// that no longer loads keeps the list in force. A `denyKeysFrom` ConfigMap, which only a
+/// reducer in a cluster can read, is reported once and left out.
+pub async fn poll_deny_list<E: std::fmt::Display>(
+    path: PathBuf,
+    load: impl Fn(&str) -> Result<DataPlaneConfig, E>,
+    tx: watch::Sender<Option<DenyList>>,
+) {
+    let from = path.display().to_string();
+    let mut warned = false;
+    poll_file(path, Duration::from_secs(1), move |text| match load(text) {
+        Ok(config) => {
+            if let (Some(referenced), false) = (&config.deny.config_map, warned) {
+                tracing::warn!(
+                    configmap = referenced.name,
+                    "denyKeysFrom names a ConfigMap, which only a reducer in a cluster reads; using denyKeys alone"
+                );
+                warned = true;
+            }
+            offer_deny_list(&tx, config.deny.list(None));
+        }
+        Err(err) => tracing::warn!(%err, path = from, "unreadable config; keeping the deny list"),
+    })
+    .await
 }
 
 /// Publishes the table of ConfigMap `name` on every change, through a watch on the API.

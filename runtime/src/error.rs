@@ -7,4 +7,6 @@ pub enum Error {
     Config(String),
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("{0} records were not delivered")]
+    Undelivered(u64),
 }

@@ -1,5 +1,6 @@
-//! The worker's Kafka producer: idempotent, with a delivery counter so that a checkpoint is
-//! never written past output that did not reach the broker.
+//! Kafka output: producers with a delivery counter (so that nothing is checkpointed or
+//! announced past output that did not reach the broker), and values written as chunks then a
+//! manifest.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +9,7 @@ use std::time::Duration;
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, ToBytes};
-use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 
 use crate::error::Error;
 
@@ -50,6 +51,62 @@ pub fn send<K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err((err, _)) => return Err(err.into()),
+        }
+    }
+}
+
+/// A value too big for one message (a shard's snapshot, an hour's exact counts) written to a
+/// compacted topic as chunks and then a manifest naming them. The manifest goes out only once
+/// every chunk is acknowledged, and it is what readers trust chunks through: a write that
+/// fails half-way leaves no manifest, so readers keep the previous complete value.
+pub struct ChunkedWrite<'a> {
+    producer: &'a ThreadedProducer<DeliveryCounter>,
+    timeout: Duration,
+    failed_before: u64,
+    chunks: u32,
+}
+
+impl<'a> ChunkedWrite<'a> {
+    /// Acknowledgements are awaited for at most `timeout` each time.
+    pub fn new(producer: &'a ThreadedProducer<DeliveryCounter>, timeout: Duration) -> Self {
+        Self {
+            failed_before: producer.context().failed(),
+            producer,
+            timeout,
+            chunks: 0,
+        }
+    }
+
+    /// Enqueues the next chunk.
+    pub fn chunk<K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
+        &mut self,
+        record: BaseRecord<'_, K, P>,
+    ) -> Result<(), Error> {
+        send(self.producer, record)?;
+        self.chunks += 1;
+        Ok(())
+    }
+
+    /// Chunks enqueued so far: what the manifest names.
+    pub fn chunks(&self) -> u32 {
+        self.chunks
+    }
+
+    /// Waits for every chunk, then sends the manifest and waits for it.
+    pub fn finish<K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
+        self,
+        manifest: BaseRecord<'_, K, P>,
+    ) -> Result<(), Error> {
+        self.settle()?;
+        send(self.producer, manifest)?;
+        self.settle()
+    }
+
+    fn settle(&self) -> Result<(), Error> {
+        self.producer.flush(self.timeout)?;
+        match self.producer.context().failed() - self.failed_before {
+            0 => Ok(()),
+            failed => Err(Error::Undelivered(failed)),
         }
     }
 }

@@ -12,13 +12,13 @@ use std::time::Duration;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Error;
-use topk_runtime::output::{DeliveryCounter, send};
+use topk_runtime::output::{ChunkedWrite, DeliveryCounter};
 
 const CHUNK_BYTES: usize = 512 * 1024;
 const SNAPSHOT_ID: &str = "snapshot-id";
@@ -43,8 +43,8 @@ pub struct Handoff {
     pub released: bool,
 }
 
-/// Sends `cp` to partition `cp.shard` of `topic`, chunks first, manifest last; `released`
-/// marks the final snapshot of an owner letting the shard go.
+/// Sends `cp` to partition `cp.shard` of `topic`, chunks first, manifest last once the chunks
+/// are acknowledged; `released` marks the final snapshot of an owner letting the shard go.
 pub fn publish(
     producer: &ThreadedProducer<DeliveryCounter>,
     topic: &str,
@@ -53,40 +53,37 @@ pub fn publish(
 ) -> Result<(), Error> {
     let bytes = cp.encode()?;
     let id = format!("{}-{}-{}", cp.shard, cp.epoch, cp.next_offset);
-    let chunks: Vec<&[u8]> = bytes.chunks(CHUNK_BYTES).collect();
     let partition = cp.shard as i32;
-    for (i, chunk) in chunks.iter().enumerate() {
+    let mut write = ChunkedWrite::new(producer, TIMEOUT);
+    for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
         let key = format!("{}/{i}", cp.shard);
         let headers = OwnedHeaders::new().insert(Header {
             key: SNAPSHOT_ID,
             value: Some(id.as_bytes()),
         });
-        send(
-            producer,
+        write.chunk(
             BaseRecord::to(topic)
                 .partition(partition)
                 .key(key.as_bytes())
-                .payload(*chunk)
+                .payload(chunk)
                 .headers(headers),
         )?;
     }
     let manifest = serde_json::to_vec(&Manifest {
         snapshot_id: id,
-        chunks: chunks.len(),
+        chunks: write.chunks() as usize,
         epoch: cp.epoch,
         next_offset: cp.next_offset,
         released,
     })
     .map_err(|e| Error::Encode(e.to_string()))?;
     let key = cp.shard.to_string();
-    send(
-        producer,
+    write.finish(
         BaseRecord::to(topic)
             .partition(partition)
             .key(key.as_bytes())
             .payload(&manifest),
     )?;
-    producer.flush(TIMEOUT)?;
     Ok(())
 }
 

@@ -1,0 +1,115 @@
+//! Chunks-then-manifest writes against the test environment's broker: a complete write ends
+//! with its manifest after every chunk; a write whose chunk the broker does not take sends no
+//! manifest at all.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+use topk_runtime::output::{ChunkedWrite, DeliveryCounter};
+use topk_testenv::{TestEnv, reading_consumer, unique_name};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn setup(test: &str) -> Option<(TestEnv, String, ThreadedProducer<DeliveryCounter>)> {
+    let env = TestEnv::get(test)?;
+    let topic = unique_name("chunked");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(env.create_topic(&topic, 1, &[("cleanup.policy", "compact")]));
+    let producer = env
+        .kafka_config()
+        .set("enable.idempotence", "true")
+        // A record for a partition the topic lacks fails fast instead of waiting for one.
+        .set("message.timeout.ms", "5000")
+        .create_with_context(DeliveryCounter::default())
+        .expect("producer");
+    Some((env, topic, producer))
+}
+
+/// Every key on partition 0 of `topic`, in order.
+fn keys(consumer: &BaseConsumer, topic: &str) -> Vec<String> {
+    let (low, high) = consumer
+        .fetch_watermarks(topic, 0, TIMEOUT)
+        .expect("watermarks");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(low))
+        .expect("partition");
+    consumer.assign(&tpl).expect("assign");
+    let deadline = Instant::now() + TIMEOUT;
+    let mut keys = Vec::new();
+    let mut next = low;
+    while next < high {
+        assert!(Instant::now() < deadline, "timed out reading {topic}");
+        let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let msg = msg.expect("message");
+        next = msg.offset() + 1;
+        keys.push(String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned());
+    }
+    keys
+}
+
+#[test]
+fn a_complete_write_ends_with_its_manifest() {
+    let Some((env, topic, producer)) = setup("chunked write completes") else {
+        return;
+    };
+    let mut write = ChunkedWrite::new(&producer, TIMEOUT);
+    for i in 0..3 {
+        let key = format!("v/{i}");
+        write
+            .chunk(
+                BaseRecord::to(&topic)
+                    .partition(0)
+                    .key(&key)
+                    .payload("chunk"),
+            )
+            .expect("chunk");
+    }
+    assert_eq!(write.chunks(), 3);
+    write
+        .finish(
+            BaseRecord::to(&topic)
+                .partition(0)
+                .key("v")
+                .payload("3 chunks"),
+        )
+        .expect("finish");
+    let consumer = reading_consumer(&env.kafka_config(), "chunked");
+    assert_eq!(keys(&consumer, &topic), ["v/0", "v/1", "v/2", "v"]);
+}
+
+#[test]
+fn a_chunk_the_broker_refuses_means_no_manifest() {
+    let Some((env, topic, producer)) = setup("chunked write fails") else {
+        return;
+    };
+    let mut write = ChunkedWrite::new(&producer, TIMEOUT);
+    write
+        .chunk(
+            BaseRecord::to(&topic)
+                .partition(0)
+                .key("v/0")
+                .payload("chunk"),
+        )
+        .expect("chunk");
+    // The topic has one partition: this chunk cannot be delivered, now or at the flush.
+    let refused = write
+        .chunk(
+            BaseRecord::to(&topic)
+                .partition(7)
+                .key("v/1")
+                .payload("chunk"),
+        )
+        .and_then(|()| write.finish(BaseRecord::to(&topic).partition(0).key("v").payload("m")));
+    assert!(refused.is_err(), "a lost chunk fails the write");
+    let consumer = reading_consumer(&env.kafka_config(), "chunked");
+    assert_eq!(
+        keys(&consumer, &topic),
+        ["v/0"],
+        "no manifest names a chunk that is not there"
+    );
+}
