@@ -55,7 +55,7 @@ fn config(mode: Mode) -> EngineConfig {
 #[inline(never)]
 fn topk(cfg: &EngineConfig, payloads: &[Vec<u8>]) -> u64 {
     let mut stream = ShardStream::new(cfg, 0);
-    let mut parser = EventParser::new(cfg.max_key_bytes);
+    let parser = EventParser::new(cfg.max_key_bytes);
     let mut summaries = Vec::new();
     let now_ms = START_MS + 3_600_000;
     for payload in payloads {

@@ -5,7 +5,6 @@
 //! windows and freed when no window holds the key any more, so memory follows the keys that
 //! are live in some window, not every key ever seen.
 
-use std::cell::Cell;
 use std::sync::Arc;
 
 use hashbrown::HashTable;
@@ -24,30 +23,8 @@ pub fn key_hash(scope_seed: u64, key: &str) -> u64 {
 #[derive(Debug, Default)]
 pub(crate) struct ScopeTable {
     ids: FxHashMap<Box<str>, u32>,
-    /// Scopes of up to seven bytes (regions, tenants, most of them) by [`short_scope`]: found
-    /// with one multiply and one word compare instead of hashing bytes and calling `memcmp`.
-    short_ids: FxHashMap<u64, u32>,
-    /// Short scopes found lately, by three bits of their word: a partition carries a handful
-    /// of scopes at a time, found here without a hash-table probe. Ids never change, so
-    /// nothing here goes stale; the empty word matches no scope.
-    recent: [Cell<(u64, u32)>; 8],
     names: Vec<Box<str>>,
     seeds: Vec<u64>,
-}
-
-/// A scope of up to seven bytes as one word: its bytes, and its length in the top byte (so
-/// that scopes ending in NUL bytes stay apart).
-#[inline(always)]
-fn short_scope(scope: &str) -> Option<u64> {
-    let bytes = scope.as_bytes();
-    if bytes.len() > 7 {
-        return None;
-    }
-    let word = bytes
-        .iter()
-        .enumerate()
-        .fold(0u64, |word, (i, b)| word | u64::from(*b) << (8 * i));
-    Some(word | (bytes.len() as u64) << 56)
 }
 
 impl ScopeTable {
@@ -70,25 +47,12 @@ impl ScopeTable {
         if scope.is_empty() {
             return Some(0);
         }
-        let Some(word) = short_scope(scope) else {
-            return self.ids.get(scope).copied();
-        };
-        let recent = &self.recent[(word.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 61) as usize];
-        let (seen, id) = recent.get();
-        if seen == word {
-            return Some(id);
-        }
-        let id = self.short_ids.get(&word).copied()?;
-        recent.set((word, id));
-        Some(id)
+        self.ids.get(scope).copied()
     }
 
     pub(crate) fn register(&mut self, scope: &str) -> u32 {
         let id = self.names.len() as u32;
-        match short_scope(scope) {
-            Some(word) => self.short_ids.insert(word, id),
-            None => self.ids.insert(scope.into(), id),
-        };
+        self.ids.insert(scope.into(), id);
         self.names.push(scope.into());
         self.seeds.push(xxh3_64(scope.as_bytes()));
         id

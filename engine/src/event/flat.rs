@@ -7,7 +7,6 @@
 use std::borrow::Cow;
 
 use super::{RawEvent, Scalar};
-use crate::bytes::same_bytes;
 
 struct Cursor<'a> {
     text: &'a str,
@@ -302,41 +301,8 @@ fn utf8(bytes: &[u8]) -> Option<&str> {
 }
 
 /// What a value of a read field is: the text of a string (between its quotes) or an integer.
-#[derive(Clone, Copy)]
-pub(super) enum Kind {
-    String,
-    Integer,
-}
-
-/// Told where [`scan`] found each value, so that a [`Shape`] can learn the layout.
-pub(super) trait Record {
-    fn begin(&mut self);
-    /// A value of `field` at `start..end` of `bytes` (a string's text, without its quotes).
-    fn value(&mut self, bytes: &[u8], field: Field, kind: Kind, start: usize, end: usize);
-    /// A field nobody reads: the layout is not kept.
-    fn other(&mut self);
-    fn end(&mut self, bytes: &[u8]);
-}
-
-/// Nothing recorded, for one-off parses.
-impl Record for () {
-    #[inline(always)]
-    fn begin(&mut self) {}
-    #[inline(always)]
-    fn value(&mut self, _: &[u8], _: Field, _: Kind, _: usize, _: usize) {}
-    #[inline(always)]
-    fn other(&mut self) {}
-    #[inline(always)]
-    fn end(&mut self, _: &[u8]) {}
-}
-
 #[inline(always)]
-pub(super) fn scan<'a>(
-    bytes: &'a [u8],
-    raw: &mut RawEvent<'a>,
-    record: &mut impl Record,
-) -> Option<()> {
-    record.begin();
+pub(super) fn scan<'a>(bytes: &'a [u8], raw: &mut RawEvent<'a>) -> Option<()> {
     let text = utf8(bytes)?;
     let mut c = Cursor { text, bytes, at: 0 };
     c.expect(b'{')?;
@@ -349,21 +315,14 @@ pub(super) fn scan<'a>(
             let field = c.field()?;
             c.expect(b':')?;
             if let Field::Other = field {
-                record.other();
                 c.skip_value()?;
             } else {
                 let first = c.next()?;
-                let start = c.at;
-                let (kind, value) = if first == b'"' {
-                    (Kind::String, Scalar::Text(Cow::Borrowed(c.string_rest()?)))
+                let value = if first == b'"' {
+                    Scalar::Text(Cow::Borrowed(c.string_rest()?))
                 } else {
-                    (Kind::Integer, c.integer(first)?)
+                    c.integer(first)?
                 };
-                let (start, end) = match kind {
-                    Kind::String => (start, c.at - 1),
-                    Kind::Integer => (start - 1, c.at),
-                };
-                record.value(bytes, field, kind, start, end);
                 if raw.has(field) {
                     // A repeated field is an error to serde: let it say so.
                     return None;
@@ -378,125 +337,5 @@ pub(super) fn scan<'a>(
         }
     }
     // Only whitespace may follow.
-    c.next().is_none().then(|| record.end(bytes))
-}
-
-/// The layout of the last event read in full: the bytes around its values (field names,
-/// punctuation, spacing) and what each value is. [`Shape::read`] takes an event with the
-/// same bytes around values of the same kinds; [`scan`] would read it alike.
-#[derive(Default)]
-pub(super) struct Shape {
-    /// Every stretch of bytes between values, one after another.
-    text: Vec<u8>,
-    /// Per value in order: where the stretch before it ends in `text`, and the value.
-    steps: Vec<(usize, Field, Kind)>,
-    /// Where the recording stands in the event being scanned.
-    at: usize,
-    /// Whether the layout being recorded is worth keeping: not if the event has a field
-    /// nobody reads, or more than [`MAX_LAYOUT_BYTES`] around its values.
-    keep: bool,
-    learned: bool,
-}
-
-/// Bytes around the values of a layout worth keeping (a typical event has ~50); an event
-/// padded with more spacing than that is read in full, and costs no memory here.
-const MAX_LAYOUT_BYTES: usize = 1024;
-
-impl Record for Shape {
-    fn begin(&mut self) {
-        self.text.clear();
-        self.steps.clear();
-        self.at = 0;
-        self.keep = true;
-        self.learned = false;
-    }
-
-    fn value(&mut self, bytes: &[u8], field: Field, kind: Kind, start: usize, end: usize) {
-        self.add_between(&bytes[self.at..start]);
-        self.steps.push((self.text.len(), field, kind));
-        self.at = end;
-    }
-
-    fn other(&mut self) {
-        self.keep = false;
-    }
-
-    fn end(&mut self, bytes: &[u8]) {
-        self.add_between(&bytes[self.at..]);
-        self.learned = self.keep;
-    }
-}
-
-impl Shape {
-    #[cfg(test)]
-    pub(super) fn kept_bytes(&self) -> usize {
-        self.text.len()
-    }
-
-    fn add_between(&mut self, between: &[u8]) {
-        if self.text.len() + between.len() > MAX_LAYOUT_BYTES {
-            self.keep = false;
-        }
-        if self.keep {
-            self.text.extend_from_slice(between);
-        }
-    }
-
-    /// Reads an event of the learned layout; `None` for any other (`raw` is then partly
-    /// filled and must be reset).
-    #[inline(always)]
-    pub(super) fn read<'a>(&self, bytes: &'a [u8], raw: &mut RawEvent<'a>) -> Option<()> {
-        if !self.learned {
-            return None;
-        }
-        let mut at = 0;
-        let mut from = 0;
-        for &(until, field, kind) in &self.steps {
-            let between = self.text.get(from..until)?;
-            from = until;
-            if !holds_at(bytes, at, between) {
-                return None;
-            }
-            at += between.len();
-            let value = match kind {
-                Kind::String => {
-                    // The closing quote starts the next stretch, which checks it.
-                    let end = at + string_end(bytes.get(at..)?)?;
-                    let text = utf8(bytes.get(at..end)?)?;
-                    at = end;
-                    Scalar::Text(Cow::Borrowed(text))
-                }
-                Kind::Integer => {
-                    let (value, end) = integer(bytes, at, *bytes.get(at)?)?;
-                    at = end;
-                    value
-                }
-            };
-            raw.put(field, value)?;
-        }
-        // The stretches are ASCII (punctuation, spacing and the names read), so checking
-        // the strings' text covers the whole event.
-        let tail = self.text.get(from..)?;
-        (holds_at(bytes, at, tail) && at + tail.len() == bytes.len()).then_some(())
-    }
-}
-
-/// Whether `bytes` holds `expected` at `at`: two overlapping words for 8 to 16 bytes (the
-/// usual stretch between values), byte by byte otherwise; no `memcmp` call.
-#[inline(always)]
-fn holds_at(bytes: &[u8], at: usize, expected: &[u8]) -> bool {
-    let Some(found) = bytes.get(at..).and_then(|rest| rest.get(..expected.len())) else {
-        return false;
-    };
-    match (
-        found.first_chunk::<8>(),
-        found.last_chunk::<8>(),
-        expected.first_chunk::<8>(),
-        expected.last_chunk::<8>(),
-    ) {
-        (Some(head), Some(tail), Some(want_head), Some(want_tail)) if expected.len() <= 16 => {
-            head == want_head && tail == want_tail
-        }
-        _ => same_bytes(found, expected),
-    }
+    c.next().is_none().then_some(())
 }
