@@ -2,7 +2,9 @@
 //! count it in a shard's windows and publish at bucket boundaries, on one core.
 //!
 //! `cargo bench -p topk-engine --bench ingest` (env `INGEST_EVENTS`, `INGEST_ROUNDS`;
-//! `INGEST_ONLY=exact` or `approximate` runs one contender next to the reference).
+//! `INGEST_ONLY=exact`, `approximate` or `parse` runs one contender next to the reference).
+//! A second table times parsing alone: the engine's parser against serde_json and sonic-rs
+//! into the same borrowed fields.
 //! The payloads are those of the worker benchmark (`worker/benches/throughput.rs`): ~70 bytes,
 //! 10k keys in 3 scopes, one millisecond of event time per thousand events. The reference,
 //! run on the same payloads in the same process, is the loop a first version would write:
@@ -91,6 +93,38 @@ fn reference(payloads: &[Vec<u8>]) -> u64 {
     counted
 }
 
+/// The fields of a payload, borrowed from it: what a general-purpose parser gives the engine.
+#[derive(Deserialize)]
+struct Borrowed<'a> {
+    event_time: i64,
+    metric: &'a str,
+    #[serde(default)]
+    scope: &'a str,
+    key: &'a str,
+}
+
+impl<'a> Borrowed<'a> {
+    fn fields(self) -> (i64, &'a str, &'a str, &'a str) {
+        (self.event_time, self.metric, self.scope, self.key)
+    }
+}
+
+/// One way of parsing every payload, returning how many parsed.
+type ParseRun<'a> = &'a dyn Fn(&[Vec<u8>]) -> u64;
+
+/// Parsing alone, by `parse`; returns how many payloads parsed.
+#[inline(never)]
+fn parse_only<'a, T>(payloads: &'a [Vec<u8>], parse: impl Fn(&'a [u8]) -> Option<T>) -> u64 {
+    let mut parsed = 0;
+    for payload in payloads {
+        if let Some(event) = parse(payload) {
+            black_box(event);
+            parsed += 1;
+        }
+    }
+    parsed
+}
+
 /// Best of `rounds` runs.
 fn best(rounds: u32, mut run: impl FnMut() -> u64) -> (Duration, u64) {
     (0..rounds)
@@ -153,6 +187,49 @@ fn main() {
             "| {name} | {:.2} M | {:.2}x |",
             rate(time) / 1e6,
             reference_time.as_secs_f64() / time.as_secs_f64()
+        );
+    }
+    if only.as_deref().is_some_and(|o| o != "parse") {
+        return;
+    }
+    // Parsing alone, each next to serde_json into the same borrowed fields.
+    let parser = EventParser::new(256);
+    let parsers: [(&str, ParseRun<'_>); 3] = [
+        ("serde_json, borrowed fields (parse reference)", &|p| {
+            parse_only(p, |b| {
+                serde_json::from_slice::<Borrowed>(b)
+                    .ok()
+                    .map(Borrowed::fields)
+            })
+        }),
+        (
+            "topk's parser (flat scan, serde_json fallback, checks)",
+            &|p| parse_only(p, |b| parser.parse(b).ok()),
+        ),
+        ("sonic-rs, borrowed fields", &|p| {
+            parse_only(p, |b| {
+                sonic_rs::from_slice::<Borrowed>(b)
+                    .ok()
+                    .map(Borrowed::fields)
+            })
+        }),
+    ];
+    let times: Vec<(&str, Duration)> = parsers
+        .into_iter()
+        .map(|(name, run)| {
+            let (time, parsed) = best(rounds, || run(&payloads));
+            assert_eq!(parsed, n as u64, "{name}: every payload parses");
+            (name, time)
+        })
+        .collect();
+    println!();
+    println!("| parse alone | events/s | vs serde_json |");
+    println!("|---|---:|---:|");
+    for (name, time) in &times {
+        println!(
+            "| {name} | {:.2} M | {:.2}x |",
+            rate(*time) / 1e6,
+            times[0].1.as_secs_f64() / time.as_secs_f64()
         );
     }
 }
