@@ -3,8 +3,8 @@
 //!
 //! `cargo bench -p topk-engine --bench ingest` (env `INGEST_EVENTS`, `INGEST_ROUNDS`;
 //! `INGEST_ONLY=exact`, `approximate` or `parse` runs one contender next to the reference).
-//! A second table times parsing alone: the engine's parser against serde_json and sonic-rs
-//! into the same borrowed fields.
+//! A second table times parsing alone: the engine's parser against serde_json into the same
+//! borrowed fields.
 //! The payloads are those of the worker benchmark (`worker/benches/throughput.rs`): ~70 bytes,
 //! 10k keys in 3 scopes, one millisecond of event time per thousand events. The reference,
 //! run on the same payloads in the same process, is the loop a first version would write:
@@ -194,7 +194,7 @@ fn main() {
     }
     // Parsing alone, each next to serde_json into the same borrowed fields.
     let parser = EventParser::new(256);
-    let parsers: [(&str, ParseRun<'_>); 3] = [
+    let parsers: [(&str, ParseRun<'_>); 2] = [
         ("serde_json, borrowed fields (parse reference)", &|p| {
             parse_only(p, |b| {
                 serde_json::from_slice::<Borrowed>(b)
@@ -206,13 +206,6 @@ fn main() {
             "topk's parser (flat scan, serde_json fallback, checks)",
             &|p| parse_only(p, |b| parser.parse(b).ok()),
         ),
-        ("sonic-rs, borrowed fields", &|p| {
-            parse_only(p, |b| {
-                sonic_rs::from_slice::<Borrowed>(b)
-                    .ok()
-                    .map(Borrowed::fields)
-            })
-        }),
     ];
     let times: Vec<(&str, Duration)> = parsers
         .into_iter()
