@@ -83,9 +83,10 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = load_config(args.file.as_ref())?;
     let name = config.name.clone();
     let state = app_state(&config.engine);
-    let (deny_tx, deny_rx) = watch::channel(Some(config.deny.list(None)));
+    let deny = config.deny.list(None);
+    let (deny_tx, deny_rx) = watch::channel(Some(deny.clone()));
     let mut pipeline = Pipeline::new(config.engine)?;
-    pipeline.set_deny(config.deny.list(None));
+    pipeline.set_deny(deny);
     if let Some(path) = args.file.clone() {
         // The manifest is read again every second: an edited denyKeys applies live.
         tokio::spawn(topk_runtime::control::poll_deny_list(

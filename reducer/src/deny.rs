@@ -1,8 +1,9 @@
 //! Where a reducer in a cluster learns its deny list while it runs: the rendered config (the
 //! spec's `denyKeys`) and the ConfigMap key `denyKeysFrom` names (outside a cluster,
-//! `topk_runtime::control::poll_deny_list` reads the config file). The list goes into a watch channel
-//! that the merging thread looks at between messages; `None` until every source has been read
-//! once, so that a restarted reducer never publishes a key that is still denied.
+//! `topk_runtime::control::poll_deny_list` reads the config file). The list goes into a
+//! watch channel that the merging thread looks at between messages; `None` until every
+//! source has been read once, so that a restarted reducer never publishes a key that is
+//! still denied.
 
 use tokio::sync::watch;
 use topk_api::dataplane::{CONFIG_KEY, DenySource};
