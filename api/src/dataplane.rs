@@ -63,6 +63,13 @@ pub struct WorkerTiming {
     pub idle_timeout: Duration,
     /// How long a worker gaining a moved shard waits for the previous owner's release.
     pub handoff_wait: Duration,
+    /// Largest summary record sent; larger summaries are split into parts.
+    #[serde(default = "default_summary_record_bytes")]
+    pub max_summary_record_bytes: u32,
+}
+
+fn default_summary_record_bytes() -> u32 {
+    crate::record::DEFAULT_SUMMARY_RECORD_BYTES
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +188,7 @@ impl DataPlaneConfig {
                 handoff_wait: workers
                     .and_then(|w| w.handoff_wait)
                     .unwrap_or(DEFAULT_HANDOFF_WAIT),
+                max_summary_record_bytes: spec.max_summary_record_bytes(),
             },
             reducer: ReducerTuning {
                 stale_after: DEFAULT_STALE_AFTER,
@@ -327,6 +335,13 @@ mod tests {
             ),
             ("maxKeyBytes", "/maxKeyBytes", json!(200), Restarts(BOTH)),
             (
+                "maxScopeBytes",
+                "/maxScopeBytes",
+                json!(200),
+                Restarts(BOTH),
+            ),
+            ("maxScopes", "/maxScopes", json!(20), Restarts(BOTH)),
+            (
                 "windows[].name",
                 "/windows/0/name",
                 json!("hour"),
@@ -378,6 +393,12 @@ mod tests {
                 "workers.handoffWait",
                 "/workers/handoffWait",
                 json!("31s"),
+                Restarts(&[Component::Worker]),
+            ),
+            (
+                "workers.maxSummaryRecordBytes",
+                "/workers/maxSummaryRecordBytes",
+                json!(70000),
                 Restarts(&[Component::Worker]),
             ),
             (
@@ -453,11 +474,12 @@ mod tests {
             "shards": 4, "k": 10, "mode": "approximate",
             "sketch": {"epsilon": 0.001, "delta": 0.01, "candidates": 50},
             "allowedLateness": "1m", "maxFutureSkew": "5m", "maxKeyBytes": 100,
+            "maxScopeBytes": 100, "maxScopes": 50,
             "windows": [
                 {"name": "1h", "length": "1h", "bucket": "1m"},
                 {"name": "all", "allTime": true, "bucket": "1h"},
             ],
-            "workers": {"replicas": 2, "checkpointInterval": "5s", "snapshotInterval": "60s", "idleTimeout": "30s", "handoffWait": "30s"},
+            "workers": {"replicas": 2, "checkpointInterval": "5s", "snapshotInterval": "60s", "idleTimeout": "30s", "handoffWait": "30s", "maxSummaryRecordBytes": 65536},
             "reducers": {"replicas": 1},
             "denyKeys": ["x"],
             "denyKeysFrom": {"configMapKeyRef": {"name": "takedowns", "key": "keys"}},

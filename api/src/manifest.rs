@@ -8,6 +8,7 @@ use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
 
 use crate::duration::Duration;
 use crate::error::ApiError;
+use crate::record::{DEFAULT_SUMMARY_RECORD_BYTES, MIN_SUMMARY_RECORD_BYTES, summary_item_fits};
 
 pub const API_VERSION: &str = "topk.io/v1alpha1";
 pub const KIND: &str = "TopKMetric";
@@ -16,6 +17,23 @@ pub const KIND: &str = "TopKMetric";
 pub const DEFAULT_MANIFEST: &str = include_str!("default-metric.yaml");
 
 const DEFAULT_MAX_KEY_BYTES: usize = 1024;
+
+// Limits every path shares: the CRD's schema states them and `engine_config` enforces them,
+// so `topk run` accepts exactly what the apiserver does.
+pub const MAX_METRIC_NAME: usize = 253;
+pub const MAX_SHARDS: u32 = 4096;
+pub const MAX_K: u32 = 100_000;
+pub const MAX_CANDIDATES: u32 = 1_000_000;
+/// Keys and scopes this long still fit a summary record with every byte escaped.
+pub const MAX_KEY_BYTES: u32 = 65_536;
+pub const MAX_SCOPE_BYTES: u32 = 4096;
+pub const MAX_SCOPES: u32 = 1_000_000;
+pub const MAX_WINDOWS: usize = 16;
+pub const MAX_WINDOW_NAME: usize = 32;
+pub const MAX_DENY_KEYS: usize = 10_000;
+pub const MAX_REDUCERS: u32 = 16;
+pub const MAX_RECOUNT_CONCURRENCY: u32 = 24;
+pub const MAX_SUMMARY_RECORD_BYTES: u32 = 16 << 20;
 const DEFAULT_LATENESS: Duration = Duration::from_millis(120_000);
 const DEFAULT_FUTURE_SKEW: Duration = Duration::from_millis(300_000);
 /// All-time lists have no buckets; they are republished at this cadence.
@@ -83,15 +101,15 @@ const DEFAULT_CANDIDATES: u32 = 1000;
 )]
 pub struct TopKMetricSpec {
     /// Events whose `metric` field equals this are counted; others are skipped.
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = MAX_METRIC_NAME))]
     pub metric: String,
     pub source: Source,
     /// Logical shards: the partitions of the input topic. Fixed once set.
-    #[schemars(range(min = 1, max = 4096))]
+    #[schemars(range(min = 1, max = MAX_SHARDS))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("shards cannot change once set; create a new TopKMetric (and topic) to reshard"))]
     pub shards: u32,
     /// The longest list served per (scope, window).
-    #[schemars(range(min = 1, max = 100000))]
+    #[schemars(range(min = 1, max = MAX_K))]
     pub k: u32,
     #[serde(default)]
     pub mode: ModeName,
@@ -100,14 +118,24 @@ pub struct TopKMetricSpec {
     /// How far behind the newest event time an event may arrive and still count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_lateness: Option<Duration>,
-    /// How far ahead of the wall clock an event time may be before it is rejected.
+    /// How far ahead of its Kafka record's timestamp an event time may be before it is
+    /// rejected (ahead of the wall clock for `topk run`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_future_skew: Option<Duration>,
     /// Longest accepted key, in UTF-8 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1048576))]
+    #[schemars(range(min = 1, max = MAX_KEY_BYTES))]
     pub max_key_bytes: Option<u32>,
-    #[schemars(length(min = 1, max = 16))]
+    /// Longest accepted scope, in UTF-8 bytes (default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_SCOPE_BYTES))]
+    pub max_scope_bytes: Option<u32>,
+    /// Distinct scopes one shard counts (default 10000); events of further scopes are
+    /// rejected as `too_many_scopes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_SCOPES))]
+    pub max_scopes: Option<u32>,
+    #[schemars(length(min = 1, max = MAX_WINDOWS))]
     pub windows: Vec<WindowSpec>,
     /// Counter (worker) pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,7 +146,7 @@ pub struct TopKMetricSpec {
     /// Keys removed from every published list (counting is untouched). Changes apply live,
     /// at the reducers' next publication, without restarting pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 10000))]
+    #[schemars(length(max = MAX_DENY_KEYS))]
     pub deny_keys: Vec<String>,
     /// More denied keys, one per line, from a key of a ConfigMap in the metric's namespace:
     /// for lists too long or too private for the spec. Read live, like `denyKeys`.
@@ -153,7 +181,7 @@ pub struct RecountSpec {
     pub backfill: Option<Duration>,
     /// Recount Jobs running at once (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 24))]
+    #[schemars(range(min = 1, max = MAX_RECOUNT_CONCURRENCY))]
     pub max_concurrent: Option<u32>,
     /// When an hour is recounted, its streaming 1h list is graded against the exact counts;
     /// a recall@k below this (or an over-count beyond the list's bound) makes the metric
@@ -243,6 +271,7 @@ pub struct SketchSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_CANDIDATES))]
     pub candidates: Option<u32>,
 }
 
@@ -257,7 +286,7 @@ pub struct SketchSpec {
         .message("bucket must divide length evenly, e.g. length 1h with bucket 1m")
 )]
 pub struct WindowSpec {
-    #[schemars(length(min = 1, max = 32))]
+    #[schemars(length(min = 1, max = MAX_WINDOW_NAME))]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length: Option<Duration>,
@@ -287,13 +316,18 @@ pub struct WorkersSpec {
     /// snapshot (default 30s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff_wait: Option<Duration>,
+    /// Largest summary record a worker sends (default 524288); larger summaries are split.
+    /// Keep it below the summaries topic's `max.message.bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_SUMMARY_RECORD_BYTES, max = MAX_SUMMARY_RECORD_BYTES))]
+    pub max_summary_record_bytes: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReducersSpec {
     #[serde(default = "one")]
-    #[schemars(range(min = 1, max = 16))]
+    #[schemars(range(min = 1, max = MAX_REDUCERS))]
     pub replicas: u32,
 }
 
@@ -525,6 +559,24 @@ impl TopKMetricSpec {
         }
     }
 
+    pub fn max_key_bytes(&self) -> usize {
+        self.max_key_bytes
+            .map_or(DEFAULT_MAX_KEY_BYTES, |b| b as usize)
+    }
+
+    pub fn max_scope_bytes(&self) -> usize {
+        self.max_scope_bytes
+            .map_or(topk_engine::config::DEFAULT_MAX_SCOPE_BYTES, |b| b as usize)
+    }
+
+    /// Largest summary record a worker sends.
+    pub fn max_summary_record_bytes(&self) -> u32 {
+        self.workers
+            .as_ref()
+            .and_then(|w| w.max_summary_record_bytes)
+            .unwrap_or(DEFAULT_SUMMARY_RECORD_BYTES)
+    }
+
     /// The recall@k under which a graded hour makes the metric `Degraded`.
     pub fn min_recall(&self) -> f64 {
         self.recount
@@ -543,11 +595,88 @@ impl TopKMetricSpec {
         if self.source.kafka.topic.trim().is_empty() {
             problems.push("spec.source.kafka.topic must not be empty".to_owned());
         }
-        if self.shards == 0 {
-            problems.push("spec.shards must be at least 1".to_owned());
+        let mut bounded = |field: &str, value: u64, min: u64, max: u64| {
+            if !(min..=max).contains(&value) {
+                problems.push(format!(
+                    "spec.{field} must be between {min} and {max}, got {value}"
+                ));
+            }
+        };
+        bounded("shards", self.shards.into(), 1, MAX_SHARDS.into());
+        bounded("k", self.k.into(), 1, MAX_K.into());
+        if let Some(bytes) = self.max_key_bytes {
+            bounded("maxKeyBytes", bytes.into(), 1, MAX_KEY_BYTES.into());
         }
-        if self.k == 0 {
-            problems.push("spec.k must be at least 1".to_owned());
+        if let Some(bytes) = self.max_scope_bytes {
+            bounded("maxScopeBytes", bytes.into(), 1, MAX_SCOPE_BYTES.into());
+        }
+        if let Some(scopes) = self.max_scopes {
+            bounded("maxScopes", scopes.into(), 1, MAX_SCOPES.into());
+        }
+        if let Some(candidates) = self.sketch.as_ref().and_then(|s| s.candidates) {
+            bounded(
+                "sketch.candidates",
+                candidates.into(),
+                1,
+                MAX_CANDIDATES.into(),
+            );
+        }
+        if let Some(reducers) = &self.reducers {
+            bounded(
+                "reducers.replicas",
+                reducers.replicas.into(),
+                1,
+                MAX_REDUCERS.into(),
+            );
+        }
+        if let Some(workers) = &self.workers {
+            bounded(
+                "workers.replicas",
+                workers.replicas.into(),
+                1,
+                self.shards.max(1).into(),
+            );
+            if let Some(bytes) = workers.max_summary_record_bytes {
+                bounded(
+                    "workers.maxSummaryRecordBytes",
+                    bytes.into(),
+                    MIN_SUMMARY_RECORD_BYTES.into(),
+                    MAX_SUMMARY_RECORD_BYTES.into(),
+                );
+            }
+        }
+        if let Some(concurrent) = self.recount.as_ref().and_then(|r| r.max_concurrent) {
+            bounded(
+                "recount.maxConcurrent",
+                concurrent.into(),
+                1,
+                MAX_RECOUNT_CONCURRENCY.into(),
+            );
+        }
+        if self.metric.len() > MAX_METRIC_NAME {
+            problems.push(format!(
+                "spec.metric must be at most {MAX_METRIC_NAME} bytes, got {}",
+                self.metric.len()
+            ));
+        }
+        if self.windows.len() > MAX_WINDOWS {
+            problems.push(format!(
+                "spec.windows may hold at most {MAX_WINDOWS} windows, got {}",
+                self.windows.len()
+            ));
+        }
+        if self.deny_keys.len() > MAX_DENY_KEYS {
+            problems.push(format!(
+                "spec.denyKeys may hold at most {MAX_DENY_KEYS} keys, got {}; use denyKeysFrom for longer lists",
+                self.deny_keys.len()
+            ));
+        }
+        let (key_bytes, scope_bytes) = (self.max_key_bytes(), self.max_scope_bytes());
+        if !summary_item_fits(key_bytes, scope_bytes, self.max_summary_record_bytes()) {
+            problems.push(format!(
+                "spec.workers.maxSummaryRecordBytes ({}) is too small for a key of maxKeyBytes ({key_bytes}) in a scope of maxScopeBytes ({scope_bytes}); raise it or lower those",
+                self.max_summary_record_bytes()
+            ));
         }
         let mode = match (self.mode, &self.sketch) {
             (ModeName::Exact, Some(_)) => {
@@ -641,6 +770,11 @@ impl TopKMetricSpec {
             if w.name.is_empty() {
                 problems.push(format!("spec.windows[{i}].name must not be empty"));
             }
+            if w.name.len() > MAX_WINDOW_NAME {
+                problems.push(format!(
+                    "{at}: name must be at most {MAX_WINDOW_NAME} bytes"
+                ));
+            }
             if self.windows[..i].iter().any(|o| o.name == w.name) {
                 problems.push(format!("{at}: window names must be unique"));
             }
@@ -698,9 +832,11 @@ impl TopKMetricSpec {
                 .max_future_skew
                 .unwrap_or(DEFAULT_FUTURE_SKEW)
                 .as_millis(),
-            max_key_bytes: self
-                .max_key_bytes
-                .map_or(DEFAULT_MAX_KEY_BYTES, |b| b as usize),
+            max_key_bytes: key_bytes,
+            max_scope_bytes: scope_bytes,
+            max_scopes: self
+                .max_scopes
+                .map_or(topk_engine::config::DEFAULT_MAX_SCOPES, |n| n as usize),
             windows,
         };
         config
@@ -744,6 +880,83 @@ spec:
         );
         assert_eq!(cfg.windows[2].length_ms, None);
         assert!(matches!(cfg.mode, Mode::Approximate(p) if p.candidates == 1000));
+    }
+
+    #[test]
+    fn the_schemas_limits_are_enforced_for_topk_run_too() {
+        let over = [
+            (
+                "shards: 64",
+                "shards: 4294967295",
+                "spec.shards must be between 1 and 4096",
+            ),
+            ("k: 100", "k: 100001", "spec.k must be between 1 and 100000"),
+            (
+                "allowedLateness: 2m",
+                "allowedLateness: 2m\n  maxKeyBytes: 65537",
+                "spec.maxKeyBytes must be between",
+            ),
+            (
+                "allowedLateness: 2m",
+                "allowedLateness: 2m\n  maxScopeBytes: 4097",
+                "spec.maxScopeBytes must be between",
+            ),
+            (
+                "allowedLateness: 2m",
+                "allowedLateness: 2m\n  maxScopes: 0",
+                "spec.maxScopes must be between",
+            ),
+            (
+                "candidates: 1000",
+                "candidates: 1000001",
+                "spec.sketch.candidates must be between",
+            ),
+            (
+                "allowedLateness: 2m",
+                "allowedLateness: 2m\n  workers: {replicas: 65}",
+                "spec.workers.replicas must be between 1 and 64",
+            ),
+            (
+                "allowedLateness: 2m",
+                "allowedLateness: 2m\n  reducers: {replicas: 17}",
+                "spec.reducers.replicas must be between 1 and 16",
+            ),
+            (
+                "allowedLateness: 2m",
+                "allowedLateness: 2m\n  workers: {maxSummaryRecordBytes: 1000}",
+                "spec.workers.maxSummaryRecordBytes must be between",
+            ),
+            (
+                "allowedLateness: 2m",
+                "allowedLateness: 2m\n  maxKeyBytes: 65536\n  workers: {maxSummaryRecordBytes: 65536}",
+                "is too small for a key",
+            ),
+            (
+                "{name: 1m,",
+                "{name: a-window-name-longer-than-32-bytes,",
+                "name must be at most 32 bytes",
+            ),
+            (
+                "epsilon: 0.0001",
+                "epsilon: 0.000000000001",
+                "the sketches of one shard would take about",
+            ),
+        ];
+        for (from, to, want) in over {
+            let text = ISSUE_EXAMPLE.replace(from, to);
+            assert_ne!(text, ISSUE_EXAMPLE, "{from:?} is in the example");
+            let err = load_manifest(&text).and_then(|m| m.spec.engine_config());
+            let message = format!("{:?}", err.expect_err(to));
+            assert!(message.contains(want), "{to}: {message}");
+        }
+        let deny: Vec<String> = (0..=MAX_DENY_KEYS).map(|i| format!("k{i}")).collect();
+        let mut spec = load_manifest(ISSUE_EXAMPLE).unwrap().spec;
+        spec.deny_keys = deny;
+        let message = format!("{:?}", spec.engine_config().unwrap_err());
+        assert!(
+            message.contains("spec.denyKeys may hold at most 10000"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::pipeline::Published;
+use topk_engine::summary::{KeyCount, ScopeItems};
 use topk_engine::{RankedItem, Ranking, ShardSummary};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +117,120 @@ pub struct SummaryRecord {
     /// First input offset of the shard's partition not reflected in the summary.
     pub input_offset: i64,
     pub config_version: String,
+    /// A summary too large for one record is sent as `parts` records, numbered from 0, with the
+    /// same header and the scopes' items divided between them (a scope may span parts).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub part: u32,
+    #[serde(default = "one_part", skip_serializing_if = "is_one")]
+    pub parts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn one_part() -> u32 {
+    1
+}
+
+/// Largest summary record a worker sends unless configured otherwise: half of Kafka's
+/// default 1 MB message limit, leaving room for the batch and headers.
+pub const DEFAULT_SUMMARY_RECORD_BYTES: u32 = 512 * 1024;
+/// Smallest summary record limit accepted: one item of the longest key and scope allowed by
+/// [`summary_item_fits`] must fit with the header.
+pub const MIN_SUMMARY_RECORD_BYTES: u32 = 64 * 1024;
+/// Room a summary record's header takes besides its scopes, with margin (metric and window
+/// names are bounded by the spec).
+const SUMMARY_HEADER_BYTES: usize = 2048;
+
+/// Whether one item of a key of `max_key_bytes` in a scope of `max_scope_bytes` always fits a
+/// summary record of `record_bytes`, even with every byte escaped as `\u00XX`.
+pub fn summary_item_fits(max_key_bytes: usize, max_scope_bytes: usize, record_bytes: u32) -> bool {
+    let worst = 6 * (max_key_bytes + max_scope_bytes) + 64;
+    SUMMARY_HEADER_BYTES + worst <= record_bytes as usize
+}
+
+/// A summary encoded for the summaries topic.
+#[derive(Debug, Default)]
+pub struct EncodedSummary {
+    /// The records to send, in order; every one is at most the budget.
+    pub records: Vec<Vec<u8>>,
+    /// Items that do not fit a record even alone, as (scope, item); left out of `records`.
+    pub too_large: Vec<(String, KeyCount)>,
+}
+
+impl SummaryRecord {
+    /// Encodes the record as one JSON record, or as several parts when it exceeds
+    /// `budget` bytes. Deterministic, so a replay sends the same records.
+    pub fn encode(mut self, budget: usize) -> Result<EncodedSummary, serde_json::Error> {
+        let whole = serde_json::to_vec(&self)?;
+        if whole.len() <= budget {
+            return Ok(EncodedSummary {
+                records: vec![whole],
+                too_large: Vec::new(),
+            });
+        }
+        let scopes = std::mem::take(&mut self.summary.scopes);
+        // The header's size with the widest part numbers it can carry.
+        self.part = u32::MAX;
+        self.parts = u32::MAX;
+        let header = serde_json::to_vec(&self)?.len();
+        let mut out = EncodedSummary::default();
+        let mut parts: Vec<Vec<ScopeItems>> = Vec::new();
+        let mut room = 0usize;
+        for scope in scopes {
+            let scope_bytes = serde_json::to_vec(&ScopeItems {
+                scope: scope.scope.clone(),
+                items: Vec::new(),
+            })?
+            .len()
+                + 1;
+            for item in scope.items {
+                let item_bytes = serde_json::to_vec(&item)?.len() + 1;
+                if header + scope_bytes + item_bytes > budget {
+                    out.too_large.push((scope.scope.clone(), item));
+                    continue;
+                }
+                let same_scope = parts
+                    .last()
+                    .and_then(|p| p.last())
+                    .is_some_and(|s| s.scope == scope.scope);
+                let needed = item_bytes + if same_scope { 0 } else { scope_bytes };
+                if parts.is_empty() || needed > room {
+                    parts.push(Vec::new());
+                    room = budget - header;
+                }
+                let Some(part) = parts.last_mut() else {
+                    continue;
+                };
+                match part.last_mut() {
+                    Some(s) if s.scope == scope.scope => s.items.push(item),
+                    _ => {
+                        room -= scope_bytes;
+                        part.push(ScopeItems {
+                            scope: scope.scope.clone(),
+                            items: vec![item],
+                        });
+                    }
+                }
+                room -= item_bytes;
+            }
+        }
+        if parts.is_empty() {
+            parts.push(Vec::new());
+        }
+        self.parts = parts.len() as u32;
+        for (n, scopes) in parts.into_iter().enumerate() {
+            self.part = n as u32;
+            self.summary.scopes = scopes;
+            out.records.push(serde_json::to_vec(&self)?);
+        }
+        Ok(out)
+    }
 }
 
 /// Key of an exact-hours record (compacted topic): `{hour}/manifest` or `{hour}/{chunk:06}`,
@@ -175,4 +290,107 @@ pub struct ExactHourChunk {
     pub hour: String,
     pub chunk: u32,
     pub counts: Vec<ScopedCount>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn record(scopes: Vec<(String, Vec<(String, u64)>)>) -> SummaryRecord {
+        SummaryRecord {
+            summary: ShardSummary {
+                metric: "plays".into(),
+                shard: 3,
+                epoch: 2,
+                seq: 17,
+                window: "1h".into(),
+                window_start_ms: Some(0),
+                window_end_ms: Some(3_600_000),
+                watermark_ms: 3_600_500,
+                mode: "exact".into(),
+                max_overcount: 0,
+                total: 99,
+                scopes: scopes
+                    .into_iter()
+                    .map(|(scope, items)| ScopeItems {
+                        scope,
+                        items: items
+                            .into_iter()
+                            .map(|(key, count)| KeyCount { key, count })
+                            .collect(),
+                    })
+                    .collect(),
+            },
+            input_offset: 42,
+            config_version: "abc".into(),
+            part: 0,
+            parts: 1,
+        }
+    }
+
+    fn items_of(r: &SummaryRecord) -> Vec<(String, String, u64)> {
+        r.summary
+            .scopes
+            .iter()
+            .flat_map(|s| {
+                s.items
+                    .iter()
+                    .map(|i| (s.scope.clone(), i.key.clone(), i.count))
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn parts_fit_the_budget_and_hold_every_item_once(
+            scopes in prop::collection::vec(
+                ("[a-z\u{1}\u{e9}]{0,12}", prop::collection::vec(("[a-z\"\\\\\u{2}]{1,40}", 1u64..u64::MAX), 0..30)),
+                0..40,
+            ),
+            budget in 700usize..4000,
+        ) {
+            let original = record(scopes);
+            let encoded = original.clone().encode(budget).unwrap();
+            let mut items = Vec::new();
+            let parts = encoded.records.len() as u32;
+            for (n, bytes) in encoded.records.iter().enumerate() {
+                prop_assert!(bytes.len() <= budget, "part {n}: {} > {budget}", bytes.len());
+                let part: SummaryRecord = serde_json::from_slice(bytes).unwrap();
+                prop_assert_eq!((part.part, part.parts), (n as u32, parts));
+                prop_assert_eq!(&part.summary.metric, &original.summary.metric);
+                prop_assert_eq!(part.summary.seq, original.summary.seq);
+                items.extend(items_of(&part));
+            }
+            for (scope, item) in &encoded.too_large {
+                items.push((scope.clone(), item.key.clone(), item.count));
+            }
+            prop_assert_eq!(items, items_of(&original));
+        }
+    }
+
+    #[test]
+    fn a_summary_within_the_budget_is_one_record_as_before() {
+        let r = record(vec![("eu".into(), vec![("a".into(), 3)])]);
+        let encoded = r
+            .clone()
+            .encode(DEFAULT_SUMMARY_RECORD_BYTES as usize)
+            .unwrap();
+        assert_eq!(encoded.records, vec![serde_json::to_vec(&r).unwrap()]);
+        let text = String::from_utf8(encoded.records[0].clone()).unwrap();
+        assert!(!text.contains("part"), "{text}");
+    }
+
+    #[test]
+    fn an_item_larger_than_any_record_is_set_aside() {
+        let r = record(vec![(
+            "eu".into(),
+            vec![("k".repeat(2000), 1), ("b".into(), 2)],
+        )]);
+        let encoded = r.encode(1000).unwrap();
+        assert_eq!(encoded.too_large.len(), 1);
+        assert_eq!(encoded.records.len(), 1);
+        let part: SummaryRecord = serde_json::from_slice(&encoded.records[0]).unwrap();
+        assert_eq!(items_of(&part), vec![("eu".into(), "b".into(), 2)]);
+    }
 }

@@ -107,6 +107,8 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
         allowed_lateness_ms: 0,
         max_future_skew_ms: 0,
         max_key_bytes: 1024,
+        max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
+        max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
         windows: vec![WindowConfig::sliding("1h", HOUR_MS, 60_000)],
     };
     let mut shard = ShardCounter::new(&cfg, 0);
@@ -118,7 +120,7 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
             shard.advance(t);
             next_boundary = t - t % 60_000 + 60_000;
         }
-        shard.add("", &s.keys[e as usize], t, 1);
+        shard.add("", &s.keys[e as usize], t, 1).unwrap();
     }
     shard.advance(START_MS + HOUR_MS);
     let summary = shard.summary(0, START_MS + HOUR_MS);

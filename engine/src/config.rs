@@ -80,10 +80,46 @@ pub struct EngineConfig {
     /// one bad timestamp cannot push the watermark past every honest event.
     pub max_future_skew_ms: i64,
     pub max_key_bytes: usize,
+    /// Longest accepted scope, in UTF-8 bytes.
+    #[serde(default = "default_max_scope_bytes")]
+    pub max_scope_bytes: usize,
+    /// Distinct scopes one shard counts; events of further scopes are rejected, so that a
+    /// stream of made-up scopes cannot grow a shard without bound.
+    #[serde(default = "default_max_scopes")]
+    pub max_scopes: usize,
     pub windows: Vec<WindowConfig>,
 }
 
+pub const DEFAULT_MAX_SCOPE_BYTES: usize = 256;
+/// Largest estimated sketch memory of one shard in approximate mode.
+pub const MAX_SKETCH_BYTES_PER_SHARD: u128 = 1 << 30;
+pub const DEFAULT_MAX_SCOPES: usize = 10_000;
+
+fn default_max_scope_bytes() -> usize {
+    DEFAULT_MAX_SCOPE_BYTES
+}
+
+fn default_max_scopes() -> usize {
+    DEFAULT_MAX_SCOPES
+}
+
 impl EngineConfig {
+    /// Estimated sketch memory of one shard: per window, a sketch for every closed bucket in
+    /// it, every bucket lateness keeps open, and the running window sum.
+    pub fn sketch_bytes_per_shard(&self, p: SketchParams) -> u128 {
+        let (width, depth) = crate::shard::shard_sketch_dimensions(p.epsilon, p.delta, self.shards);
+        let sketch = u128::from(width) * u128::from(depth) * 8;
+        self.windows
+            .iter()
+            .map(|w| {
+                let bucket = w.bucket_ms.max(1);
+                let closed = w.length_ms.map_or(0, |len| len / bucket);
+                let open = self.allowed_lateness_ms.max(0) / bucket + 1;
+                sketch * (closed.max(0) as u128 + open as u128 + 1)
+            })
+            .sum()
+    }
+
     pub fn validate(&self) -> Result<(), EngineError> {
         let fail = |msg: String| Err(EngineError::InvalidConfig(msg));
         if self.metric.is_empty() {
@@ -104,6 +140,12 @@ impl EngineConfig {
         if self.max_key_bytes == 0 {
             return fail("maxKeyBytes must be at least 1".into());
         }
+        if self.max_scope_bytes == 0 {
+            return fail("maxScopeBytes must be at least 1".into());
+        }
+        if self.max_scopes == 0 {
+            return fail("maxScopes must be at least 1".into());
+        }
         if let Mode::Approximate(p) = self.mode {
             if !(p.epsilon > 0.0 && p.epsilon < 1.0) {
                 return fail(format!(
@@ -118,6 +160,14 @@ impl EngineConfig {
                 return fail(format!(
                     "sketch.candidates ({}) must be at least k ({})",
                     p.candidates, self.k
+                ));
+            }
+            let bytes = self.sketch_bytes_per_shard(p);
+            if bytes > MAX_SKETCH_BYTES_PER_SHARD {
+                return fail(format!(
+                    "the sketches of one shard would take about {} MiB (the limit is {} MiB): raise sketch.epsilon or shards, or use wider buckets",
+                    bytes >> 20,
+                    MAX_SKETCH_BYTES_PER_SHARD >> 20
                 ));
             }
         }

@@ -78,7 +78,7 @@ impl ExactWindow {
         if self.newest == Some(idx) {
             let slot = keys.newest_slot(id, self.position);
             if slot.bucket == idx {
-                slot.count += cost;
+                slot.count = slot.count.saturating_add(cost);
                 return true;
             }
         }
@@ -106,7 +106,7 @@ impl ExactWindow {
             };
             let slot = keys.newest_slot(id, self.position);
             if slot.bucket == idx {
-                slot.count += cost;
+                slot.count = slot.count.saturating_add(cost);
             } else {
                 *slot = NewestSlot {
                     bucket: idx,
@@ -138,7 +138,10 @@ impl ExactWindow {
                 .collect()
         });
         match index.get(&id) {
-            Some(&pos) => entries[pos as usize].1 += cost,
+            Some(&pos) => {
+                let count = &mut entries[pos as usize].1;
+                *count = count.saturating_add(cost);
+            }
             None => {
                 index.insert(id, entries.len() as u32);
                 entries.push((id, cost));
@@ -179,16 +182,16 @@ impl ExactWindow {
                 self.newest = None;
                 fill_counts(self.position, bucket.idx, &mut counts, keys);
             }
-            let mut bucket_total = 0;
+            let mut bucket_total = 0u64;
             for &(id, cost) in &counts {
                 let slot = &mut self.totals[id as usize];
                 if *slot == 0 {
                     keys.incref(id);
                 }
-                *slot += cost;
-                bucket_total += cost;
+                *slot = slot.saturating_add(cost);
+                bucket_total = bucket_total.saturating_add(cost);
             }
-            self.total += bucket_total;
+            self.total = self.total.saturating_add(bucket_total);
             if self.span.is_some() {
                 counts.shrink_to_fit();
                 self.closed.push_back(ClosedBucket {
@@ -207,10 +210,10 @@ impl ExactWindow {
                 let Some(bucket) = self.closed.pop_front() else {
                     break;
                 };
-                self.total -= bucket.total;
+                self.total = self.total.saturating_sub(bucket.total);
                 for (id, cost) in bucket.counts {
                     let slot = &mut self.totals[id as usize];
-                    *slot -= cost;
+                    *slot = slot.saturating_sub(cost);
                     if *slot == 0 {
                         keys.decref(id);
                     }

@@ -147,7 +147,7 @@ impl Pipeline {
             }
         }
         let shard = shard_for(&self.cfg.metric, &event.scope, &event.key, self.cfg.shards);
-        self.shards[shard as usize].add(&event.scope, &event.key, event.time_ms, event.cost);
+        self.shards[shard as usize].add(&event.scope, &event.key, event.time_ms, event.cost)?;
         self.accepted += 1;
         Ok(())
     }
@@ -165,6 +165,9 @@ pub(crate) fn check_event(
     }
     if event.key.len() > cfg.max_key_bytes {
         return Err(RejectReason::OversizeKey);
+    }
+    if event.scope.len() > cfg.max_scope_bytes {
+        return Err(RejectReason::OversizeScope);
     }
     if event.time_ms > now_ms.saturating_add(cfg.max_future_skew_ms) {
         return Err(RejectReason::FutureTime);

@@ -5,6 +5,7 @@ use std::f64::consts::E;
 use crate::approx::ApproxWindow;
 use crate::config::{EngineConfig, Mode, WindowConfig};
 use crate::error::EngineError;
+use crate::event::RejectReason;
 use crate::exact::ExactWindow;
 use crate::keys::{KeyTable, ScopeTable, key_hash};
 use crate::sketch::CountMinSketch;
@@ -26,6 +27,7 @@ pub struct ShardCounter {
     shard: u32,
     mode: Mode,
     k: usize,
+    max_scopes: usize,
     windows: Vec<WindowConfig>,
     scopes: ScopeTable,
     state: State,
@@ -63,6 +65,7 @@ impl ShardCounter {
             shard,
             mode: cfg.mode,
             k: cfg.k,
+            max_scopes: cfg.max_scopes,
             windows: cfg.windows.clone(),
             scopes: ScopeTable::new(),
             state,
@@ -87,9 +90,16 @@ impl ShardCounter {
         self.dropped_closed
     }
 
-    /// Counts one accepted event in every window.
-    pub fn add(&mut self, scope: &str, key: &str, time_ms: i64, cost: u64) {
-        self.add_owned(scope, key, time_ms, cost, || true);
+    /// Counts one accepted event in every window; a scope past the shard's `max_scopes` is
+    /// refused.
+    pub fn add(
+        &mut self,
+        scope: &str,
+        key: &str,
+        time_ms: i64,
+        cost: u64,
+    ) -> Result<(), RejectReason> {
+        self.add_owned(scope, key, time_ms, cost, || true)
     }
 
     /// Starts loading what counting this key will read (in exact mode, the key's record), so
@@ -103,8 +113,9 @@ impl ShardCounter {
         }
     }
 
-    /// Counts one event in every window if this shard owns its key; returns whether it did.
-    /// `owns` (the partitioner) is asked only about a scope or key the shard does not hold:
+    /// Counts one event in every window if this shard owns its key (`WrongShard` if not, and
+    /// `TooManyScopes` for a scope past the shard's limit). `owns` (the partitioner) is asked
+    /// only about a scope or key the shard does not hold:
     /// everything held came in owned, under the same metric and shard count (both part of the
     /// state's fingerprint), so the common case skips hashing the message key.
     pub fn add_owned(
@@ -114,13 +125,16 @@ impl ShardCounter {
         time_ms: i64,
         cost: u64,
         owns: impl FnOnce() -> bool,
-    ) -> bool {
+    ) -> Result<(), RejectReason> {
         let mut owns = Some(owns);
         let mut admit = || owns.take().is_none_or(|owns| owns());
         let scope_id = match self.scopes.find(scope) {
             Some(id) => id,
-            None if admit() => self.scopes.register(scope),
-            None => return false,
+            None if !admit() => return Err(RejectReason::WrongShard),
+            None if self.scopes.len() >= self.max_scopes => {
+                return Err(RejectReason::TooManyScopes);
+            }
+            None => self.scopes.register(scope),
         };
         let hash = key_hash(self.scopes.seed(scope_id), key);
         let mut missed = 0;
@@ -129,7 +143,7 @@ impl ShardCounter {
                 let (id, fresh) = match keys.find(hash, scope_id, key) {
                     Some(id) => (id, false),
                     None if admit() => (keys.insert(hash, scope_id, key), true),
-                    None => return false,
+                    None => return Err(RejectReason::WrongShard),
                 };
                 for w in windows.iter_mut() {
                     missed += u64::from(!w.add(time_ms, id, cost, keys));
@@ -140,7 +154,7 @@ impl ShardCounter {
             }
             State::Approximate { windows } => {
                 if !admit() {
-                    return false;
+                    return Err(RejectReason::WrongShard);
                 }
                 for w in windows.iter_mut() {
                     missed += u64::from(!w.add(time_ms, scope_id, hash, key, cost));
@@ -148,7 +162,7 @@ impl ShardCounter {
             }
         }
         self.dropped_closed += missed;
-        true
+        Ok(())
     }
 
     /// Closes, in every window, the buckets that end at or before `watermark_ms`.

@@ -72,7 +72,7 @@ impl CountMinSketch {
     /// Adds `cost` for the key with `hash` and returns the key's new estimate.
     #[inline]
     pub fn add(&mut self, hash: u64, cost: u64) -> u64 {
-        self.total += cost;
+        self.total = self.total.saturating_add(cost);
         let mut current = u64::MAX;
         let mut idx = [0usize; 16];
         let rows = self.depth.min(16);
@@ -81,7 +81,7 @@ impl CountMinSketch {
             idx[row as usize] = i;
             current = current.min(self.cells[i]);
         }
-        let target = current + cost;
+        let target = current.saturating_add(cost);
         for &i in &idx[..rows as usize] {
             if self.cells[i] < target {
                 self.cells[i] = target;
@@ -90,7 +90,7 @@ impl CountMinSketch {
         // Rows beyond 16 (delta below e^-16) take the plain update.
         for row in rows..self.depth {
             let i = self.cell(row, hash);
-            self.cells[i] += cost;
+            self.cells[i] = self.cells[i].saturating_add(cost);
         }
         target
     }
@@ -107,18 +107,18 @@ impl CountMinSketch {
     /// Adds another sketch of the same shape cell by cell.
     pub fn merge_from(&mut self, other: &CountMinSketch) {
         debug_assert_eq!((self.width, self.depth), (other.width, other.depth));
-        self.total += other.total;
+        self.total = self.total.saturating_add(other.total);
         for (a, b) in self.cells.iter_mut().zip(&other.cells) {
-            *a += *b;
+            *a = a.saturating_add(*b);
         }
     }
 
     /// Removes a sketch previously merged in (a bucket leaving the window).
     pub fn subtract(&mut self, other: &CountMinSketch) {
         debug_assert_eq!((self.width, self.depth), (other.width, other.depth));
-        self.total -= other.total;
+        self.total = self.total.saturating_sub(other.total);
         for (a, b) in self.cells.iter_mut().zip(&other.cells) {
-            *a -= *b;
+            *a = a.saturating_sub(*b);
         }
     }
 

@@ -127,14 +127,10 @@ impl ShardStream {
     ) -> Result<(), RejectReason> {
         check_event(&self.cfg, event, now_ms, self.watermark_ms())?;
         let (cfg, shard) = (&self.cfg, self.counter.shard());
-        let owned =
-            self.counter
-                .add_owned(&event.scope, &event.key, event.time_ms, event.cost, || {
-                    shard_for(&cfg.metric, &event.scope, &event.key, cfg.shards) == shard
-                });
-        if !owned {
-            return Err(RejectReason::WrongShard);
-        }
+        self.counter
+            .add_owned(&event.scope, &event.key, event.time_ms, event.cost, || {
+                shard_for(&cfg.metric, &event.scope, &event.key, cfg.shards) == shard
+            })?;
         // Counting before publishing gives the same summaries: the event's bucket ends after
         // its time, so the watermark it raises cannot close that bucket.
         if self.max_event_ms.is_none_or(|t| event.time_ms > t) {

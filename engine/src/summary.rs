@@ -112,7 +112,8 @@ pub fn merge_known(
         for scope in &summary.scopes {
             let counts = per_scope.entry(&scope.scope).or_default();
             for item in scope.items.iter().filter(|i| !denied(&i.key)) {
-                *counts.entry(&item.key).or_insert(0) += item.count;
+                let count = counts.entry(&item.key).or_insert(0);
+                *count = count.saturating_add(item.count);
             }
         }
     }

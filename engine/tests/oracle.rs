@@ -149,6 +149,8 @@ fn config(
         allowed_lateness_ms: lateness,
         max_future_skew_ms: 0,
         max_key_bytes: 64,
+        max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
+        max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
         windows,
     }
 }
@@ -336,11 +338,11 @@ fn exact_state_shrinks_when_keys_leave_every_window() {
     let mut p = Pipeline::new(cfg.clone()).unwrap();
     let mut shard = topk_engine::shard::ShardCounter::new(&cfg, 0);
     for i in 0..10_000 {
-        shard.add("", &format!("unique-{i}"), 1_000, 1);
+        shard.add("", &format!("unique-{i}"), 1_000, 1).unwrap();
     }
     shard.advance(1_010);
     assert_eq!(shard.tracked_keys(), Some(10_000));
-    shard.add("", "late-comer", 5_000, 1);
+    shard.add("", "late-comer", 5_000, 1).unwrap();
     shard.advance(5_010);
     assert_eq!(shard.tracked_keys(), Some(1), "expired keys are released");
     // and the pipeline still works after such churn
@@ -371,12 +373,14 @@ fn approximate_memory_stays_flat_under_a_flood_of_unique_keys() {
     let mut sizes = Vec::new();
     for round in 0..4i64 {
         for i in 0..50_000 {
-            shard.add(
-                "",
-                &format!("flood-{round}-{i}"),
-                round * 2_000 + i % 1_000,
-                1,
-            );
+            shard
+                .add(
+                    "",
+                    &format!("flood-{round}-{i}"),
+                    round * 2_000 + i % 1_000,
+                    1,
+                )
+                .unwrap();
         }
         shard.advance(round * 2_000 + 1_000);
         sizes.push(shard.state_bytes());

@@ -22,6 +22,8 @@ fn config(mode: Mode) -> EngineConfig {
         allowed_lateness_ms: 30,
         max_future_skew_ms: 1_000,
         max_key_bytes: 64,
+        max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
+        max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
         windows: vec![
             WindowConfig::sliding("short", 40, 10),
             WindowConfig::sliding("long", 120, 20),

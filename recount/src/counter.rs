@@ -20,9 +20,9 @@ const SEEN: u8 = b'd';
 
 fn add_counts(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
     let read = |bytes: &[u8]| bytes.try_into().map(u64::from_le_bytes).unwrap_or(0);
-    let total = operands
-        .iter()
-        .fold(existing.map_or(0, read), |sum, op| sum + read(op));
+    let total = operands.iter().fold(existing.map_or(0, read), |sum, op| {
+        sum.saturating_add(read(op))
+    });
     Some(total.to_le_bytes().to_vec())
 }
 
@@ -128,7 +128,7 @@ impl HourCounter {
             .get_mut(scope)
             .and_then(|keys| keys.get_mut(key))
         {
-            *count += cost;
+            *count = count.saturating_add(cost);
             return Ok(());
         }
         if self.keys_in_memory >= self.max_in_memory {

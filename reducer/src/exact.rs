@@ -142,14 +142,18 @@ pub fn compose<E>(
         let keys = candidates.entry(scope).or_default();
         keys.extend(items.iter().map(|i| i.key.as_str()));
     }
-    let max_overcount = parts.open.iter().map(|h| h.max_overcount).sum();
+    let max_overcount = parts
+        .open
+        .iter()
+        .fold(0u64, |sum, h| sum.saturating_add(h.max_overcount));
     // Per scope, each key's estimate summed over the open hours: one pass over their lists.
     let mut open: BTreeMap<&str, HashMap<&str, u64>> = BTreeMap::new();
     for hour in parts.open {
         for (scope, items) in &hour.scopes {
             let sums = open.entry(scope).or_default();
             for item in items {
-                *sums.entry(&item.key).or_default() += item.count;
+                let sum = sums.entry(&item.key).or_default();
+                *sum = sum.saturating_add(item.count);
             }
         }
     }
@@ -159,7 +163,7 @@ pub fn compose<E>(
         let mut counted = Vec::with_capacity(keys.len());
         for key in keys.into_iter().filter(|k| !denied(k)) {
             let mut count = exact_count(scope, key)?;
-            count += open_sums.and_then(|s| s.get(key)).copied().unwrap_or(0);
+            count = count.saturating_add(open_sums.and_then(|s| s.get(key)).copied().unwrap_or(0));
             if count > 0 {
                 counted.push((key, count));
             }

@@ -233,7 +233,7 @@ impl Hours {
         let mut batch = WriteBatch::default();
         batch.delete_range(
             hour_key(EXACT_COUNT, hour_ms),
-            hour_key(EXACT_COUNT, hour_ms + 1),
+            hour_key(EXACT_COUNT, hour_ms.saturating_add(1)),
         );
         let mut tops = ExactTops::new();
         for n in 0..manifest.chunks {
@@ -264,7 +264,10 @@ impl Hours {
                 tops.insert(scope.to_owned(), merge_tops(&old, &counts, self.tops_size));
             }
         }
-        batch.delete_range(hour_key(CHUNK, hour_ms), hour_key(CHUNK, hour_ms + 1));
+        batch.delete_range(
+            hour_key(CHUNK, hour_ms),
+            hour_key(CHUNK, hour_ms.saturating_add(1)),
+        );
         let mut went_down = false;
         let mut new_sums: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         for ((scope, key), delta) in deltas {

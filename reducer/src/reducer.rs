@@ -588,7 +588,7 @@ impl Reducer {
             .iter()
             .filter(|(w, p)| {
                 let start = self.settings.merge.window_lengths[**w]
-                    .map_or(i64::MIN, |length| p.window_end_ms - length);
+                    .map_or(i64::MIN, |length| p.window_end_ms.saturating_sub(length));
                 (start..p.window_end_ms).contains(&hour)
             })
             .map(|(_, p)| p.clone())

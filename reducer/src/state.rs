@@ -46,6 +46,9 @@ pub enum Outcome {
     StaleEpoch,
     /// From an epoch newer than the table the reducer knows; held until the table catches up.
     Quarantined,
+    /// A part number outside the parts it claims, or a part disagreeing with the others of
+    /// its summary.
+    InvalidPart,
     /// For a window end at or before the one already published.
     AlreadyPublished,
     OtherMetric,
@@ -57,11 +60,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Accepted,
         Outcome::Duplicate,
         Outcome::StaleEpoch,
         Outcome::Quarantined,
+        Outcome::InvalidPart,
         Outcome::AlreadyPublished,
         Outcome::OtherMetric,
         Outcome::OtherConfig,
@@ -76,6 +80,7 @@ impl Outcome {
             Outcome::Duplicate => "duplicate",
             Outcome::StaleEpoch => "stale_epoch",
             Outcome::Quarantined => "quarantined",
+            Outcome::InvalidPart => "invalid_part",
             Outcome::AlreadyPublished => "already_published",
             Outcome::OtherMetric => "other_metric",
             Outcome::OtherConfig => "other_config",
@@ -102,9 +107,22 @@ pub struct Publication {
 struct Pending {
     summary: ShardSummary,
     input_offset: i64,
-    /// Offset of the record in the summaries topic: where a restart must read from again.
+    /// Offset of the summary's first record read in the summaries topic: where a restart must
+    /// read from again.
     record_offset: i64,
+    /// The parts the summary was sent in, and those received (their scopes are in `summary`).
+    parts: u32,
+    received: BTreeSet<u32>,
 }
+
+impl Pending {
+    fn complete(&self) -> bool {
+        self.received.len() as u32 == self.parts
+    }
+}
+
+/// Parts one summary may be sent in; a record claiming more is refused.
+pub const MAX_SUMMARY_PARTS: u32 = 100_000;
 
 #[derive(Debug, Default)]
 struct WindowState {
@@ -221,6 +239,9 @@ impl ReducerState {
         let Some(end) = summary.window_end_ms else {
             return Outcome::NoWindowEnd;
         };
+        if record.parts == 0 || record.parts > MAX_SUMMARY_PARTS || record.part >= record.parts {
+            return Outcome::InvalidPart;
+        }
         let current = self
             .table
             .as_ref()
@@ -243,21 +264,35 @@ impl ReducerState {
             return Outcome::AlreadyPublished;
         }
         let shards = window.pending.entry(end).or_default();
-        if let Some(held) = shards.get(&summary.shard)
-            && held.summary.epoch == summary.epoch
-            && held.summary.seq == summary.seq
-        {
-            return Outcome::Duplicate;
-        }
         let shard = summary.shard;
-        shards.insert(
-            shard,
-            Pending {
-                input_offset: record.input_offset,
-                summary: record.summary,
-                record_offset,
-            },
-        );
+        match shards.get_mut(&shard) {
+            Some(held)
+                if held.summary.epoch == summary.epoch && held.summary.seq == summary.seq =>
+            {
+                if held.received.contains(&record.part) {
+                    return Outcome::Duplicate;
+                }
+                if held.parts != record.parts {
+                    return Outcome::InvalidPart;
+                }
+                held.received.insert(record.part);
+                held.record_offset = held.record_offset.min(record_offset);
+                held.summary.scopes.extend(record.summary.scopes);
+            }
+            _ => {
+                // A first part, or a newer summary of the same end replacing an older one.
+                shards.insert(
+                    shard,
+                    Pending {
+                        input_offset: record.input_offset,
+                        summary: record.summary,
+                        record_offset,
+                        parts: record.parts,
+                        received: BTreeSet::from([record.part]),
+                    },
+                );
+            }
+        }
         if window.pending.len() > MAX_PENDING_ENDS {
             window.pending.pop_first();
             self.dropped += 1;
@@ -275,7 +310,7 @@ impl ReducerState {
                 .pending
                 .iter()
                 .rev()
-                .find(|(_, by_shard)| by_shard.len() == shards)
+                .find(|(_, by_shard)| complete_shards(by_shard) == shards)
                 .map(|(end, _)| *end)
             else {
                 continue;
@@ -283,7 +318,7 @@ impl ReducerState {
             if self.hour_window == Some(w) {
                 // Every complete end on an hour, also those the newest end overtakes.
                 for (hour_end, by_shard) in window.pending.range(..=end) {
-                    if hour_end.rem_euclid(HOUR_MS) == 0 && by_shard.len() == shards {
+                    if hour_end.rem_euclid(HOUR_MS) == 0 && complete_shards(by_shard) == shards {
                         let summaries: Vec<&ShardSummary> =
                             by_shard.values().map(|p| &p.summary).collect();
                         self.completed_hours.push(streaming_hour(
@@ -352,7 +387,7 @@ impl ReducerState {
         let w = self.windows.get(window)?;
         let (end, by_shard) = w.pending.iter().next_back()?;
         let missing = (0..self.cfg.shards)
-            .filter(|s| !by_shard.contains_key(s))
+            .filter(|s| !by_shard.get(s).is_some_and(Pending::complete))
             .collect();
         Some((*end, missing))
     }
@@ -373,6 +408,11 @@ impl ReducerState {
         let quarantined = self.quarantine.iter().map(|(_, offset)| *offset);
         pending.chain(quarantined).fold(next, i64::min)
     }
+}
+
+/// Shards whose summary for an end has every part.
+fn complete_shards(by_shard: &BTreeMap<u32, Pending>) -> usize {
+    by_shard.values().filter(|p| p.complete()).count()
 }
 
 /// The lists of one complete window end.
@@ -416,7 +456,9 @@ fn streaming_hour(
     StreamingHour {
         hour_ms,
         max_overcount: summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0),
-        total: summaries.iter().map(|s| s.total).sum(),
+        total: summaries
+            .iter()
+            .fold(0u64, |sum, s| sum.saturating_add(s.total)),
         scopes: merged
             .into_iter()
             .map(|r| {
@@ -494,7 +536,15 @@ mod tests {
             },
             input_offset: seq as i64,
             config_version: "c1".into(),
+            part: 0,
+            parts: 1,
         }
+    }
+
+    fn part(mut record: SummaryRecord, part: u32, parts: u32) -> SummaryRecord {
+        record.part = part;
+        record.parts = parts;
+        record
     }
 
     fn keys(p: &Publication) -> Vec<(String, u64)> {
@@ -527,6 +577,40 @@ mod tests {
             state.offer(record(0, 1, 1, 60_000, &[("a", 2)]), 0),
             Outcome::AlreadyPublished
         );
+    }
+
+    #[test]
+    fn a_summary_in_parts_counts_once_every_part_is_in() {
+        let mut state = ReducerState::new(cfg(), &[None]);
+        state.set_table(table(1, [1, 1]));
+        state.offer(record(1, 1, 1, 60_000, &[("b", 3)]), 0);
+        let first = part(record(0, 1, 4, 60_000, &[("a", 2)]), 0, 3);
+        let last = part(record(0, 1, 4, 60_000, &[("c", 5)]), 2, 3);
+        assert_eq!(state.offer(first.clone(), 1), Outcome::Accepted);
+        assert_eq!(state.offer(first, 1), Outcome::Duplicate);
+        assert_eq!(state.offer(last, 3), Outcome::Accepted);
+        assert!(state.publish_ready().is_empty(), "part 1 is missing");
+        assert_eq!(state.missing(0), Some((60_000, vec![0])));
+        assert_eq!(state.resume_offset(10), 0);
+        let wrong = part(record(0, 1, 4, 60_000, &[("x", 9)]), 1, 2);
+        assert_eq!(state.offer(wrong, 4), Outcome::InvalidPart);
+        let middle = part(record(0, 1, 4, 60_000, &[("d", 1)]), 1, 3);
+        assert_eq!(state.offer(middle, 2), Outcome::Accepted);
+        let published = state.publish_ready();
+        assert_eq!(
+            keys(&published[0]),
+            vec![("c".into(), 5), ("b".into(), 3), ("a".into(), 2)]
+        );
+    }
+
+    #[test]
+    fn part_numbers_outside_their_parts_are_refused() {
+        let mut state = ReducerState::new(cfg(), &[None]);
+        state.set_table(table(1, [1, 1]));
+        for (n, parts) in [(0, 0), (3, 3), (0, MAX_SUMMARY_PARTS + 1)] {
+            let bad = part(record(0, 1, 1, 60_000, &[("a", 1)]), n, parts);
+            assert_eq!(state.offer(bad, 0), Outcome::InvalidPart, "{n}/{parts}");
+        }
     }
 
     #[test]

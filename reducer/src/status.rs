@@ -47,8 +47,9 @@ pub fn status_fields(
             })
         })
         .collect();
-    let lag = parse_rfc3339_ms(&first.watermark)
-        .map(|wm| topk_api::Duration::from_millis((now_ms - wm).max(0) / 1000 * 1000).to_string());
+    let lag = parse_rfc3339_ms(&first.watermark).map(|wm| {
+        topk_api::Duration::from_millis(now_ms.saturating_sub(wm).max(0) / 1000 * 1000).to_string()
+    });
     let grading = grade.map(|g| GradingStatus {
         hour: format_rfc3339_ms(g.hour_ms),
         recall_at_k: g.recall_at_k,

@@ -66,6 +66,8 @@ fn summary(shard: u32, epoch: u64, end: i64, items: &[(&str, u64)]) -> SummaryRe
         },
         input_offset: 100 * end / MINUTE + shard as i64,
         config_version: "v1".into(),
+        part: 0,
+        parts: 1,
     }
 }
 

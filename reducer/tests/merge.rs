@@ -30,6 +30,8 @@ fn config() -> EngineConfig {
         allowed_lateness_ms: 15,
         max_future_skew_ms: 1_000,
         max_key_bytes: 64,
+        max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
+        max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
         windows: vec![
             WindowConfig::sliding("short", 40, 10),
             WindowConfig::sliding("long", 120, 20),
@@ -102,6 +104,8 @@ fn record(summary: ShardSummary) -> SummaryRecord {
         input_offset: summary.seq as i64,
         summary,
         config_version: "v".into(),
+        part: 0,
+        parts: 1,
     }
 }
 

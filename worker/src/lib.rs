@@ -44,6 +44,7 @@ pub fn settings(config: &DataPlaneConfig, ordinal: u32) -> Result<WorkerSettings
         snapshot_every: std_duration(timing.snapshot_interval),
         idle_timeout: std_duration(timing.idle_timeout),
         handoff_wait: std_duration(timing.handoff_wait),
+        max_summary_record_bytes: timing.max_summary_record_bytes as usize,
     })
 }
 

@@ -51,6 +51,8 @@ pub struct WorkerMetrics {
     pub events_in: Counter,
     pub events_rejected: Family<ReasonLabel, Counter>,
     pub summaries_published: Counter,
+    pub summaries_split: Counter,
+    pub summary_items_too_large: Counter,
     pub consumer_lag: Family<ShardLabel, Gauge>,
     pub watermark_lag_seconds: Family<ShardLabel, Gauge>,
     pub checkpoint_seconds: Histogram,
@@ -69,6 +71,8 @@ impl Default for WorkerMetrics {
             events_in: Counter::default(),
             events_rejected: Family::default(),
             summaries_published: Counter::default(),
+            summaries_split: Counter::default(),
+            summary_items_too_large: Counter::default(),
             consumer_lag: Family::default(),
             watermark_lag_seconds: Family::default(),
             checkpoint_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
@@ -106,6 +110,16 @@ impl Default for WorkerMetrics {
             "summaries_published",
             "Shard summaries sent to the reducer",
             m.summaries_published.clone(),
+        );
+        registry.register(
+            "summaries_split",
+            "Shard summaries larger than maxSummaryRecordBytes, sent as several records",
+            m.summaries_split.clone(),
+        );
+        registry.register(
+            "summary_items_too_large",
+            "Summary items that fit no record even alone, sent to the dead letters instead",
+            m.summary_items_too_large.clone(),
         );
         registry.register(
             "consumer_lag",

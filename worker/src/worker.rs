@@ -53,6 +53,8 @@ pub struct WorkerSettings {
     pub idle_timeout: Duration,
     /// How long a worker gaining a moved shard waits for its previous owner's release snapshot.
     pub handoff_wait: Duration,
+    /// Largest summary record; larger summaries are sent in parts.
+    pub max_summary_record_bytes: usize,
 }
 
 struct Owned {
@@ -207,19 +209,24 @@ impl Sink {
         offset: i64,
     ) -> Result<(), Error> {
         let at = format!("{}/{shard}/{offset}", self.settings.input_topic);
+        self.send_dead_letter(payload, reason.as_str(), &at)
+    }
+
+    /// Sends `payload` to the dead letters with why and where it came from (its key).
+    fn send_dead_letter(&self, payload: &[u8], reason: &str, source: &str) -> Result<(), Error> {
         let headers = OwnedHeaders::new()
             .insert(Header {
                 key: "reason",
-                value: Some(reason.as_str()),
+                value: Some(reason),
             })
             .insert(Header {
                 key: "source",
-                value: Some(at.as_str()),
+                value: Some(source),
             });
         send(
             &self.producer,
             BaseRecord::to(&self.settings.topics.dead_letters)
-                .key(at.as_bytes())
+                .key(source.as_bytes())
                 .payload(payload)
                 .headers(headers),
         )?;
@@ -248,23 +255,44 @@ impl Sink {
         self.send_bodies(&bodies)
     }
 
-    /// The records of (and empties) `summaries`, which reflect input up to `input_offset`.
+    /// The records of (and empties) `summaries`, which reflect input up to `input_offset`: one
+    /// per summary, or its parts when it exceeds the record budget. An item that fits no record
+    /// goes to the dead letters (the spec's limits keep that from happening).
     fn encode_summaries(
         &self,
         summaries: &mut Vec<ShardSummary>,
         input_offset: i64,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        summaries
-            .drain(..)
-            .map(|summary| {
-                let record = SummaryRecord {
-                    summary,
-                    input_offset,
-                    config_version: self.settings.config_version.clone(),
-                };
-                serde_json::to_vec(&record).map_err(|e| Error::Encode(e.to_string()))
-            })
-            .collect()
+        let mut bodies = Vec::with_capacity(summaries.len());
+        for summary in summaries.drain(..) {
+            let source = format!(
+                "{}/{}/{}/{}",
+                self.settings.topics.summaries, summary.shard, summary.window, summary.seq
+            );
+            let record = SummaryRecord {
+                summary,
+                input_offset,
+                config_version: self.settings.config_version.clone(),
+                part: 0,
+                parts: 1,
+            };
+            let encoded = record
+                .encode(self.settings.max_summary_record_bytes)
+                .map_err(|e| Error::Encode(e.to_string()))?;
+            let metrics = &self.health.metrics;
+            if encoded.records.len() > 1 {
+                metrics.summaries_split.inc();
+            }
+            for (scope, item) in &encoded.too_large {
+                metrics.summary_items_too_large.inc();
+                tracing::error!(%scope, key_bytes = item.key.len(), "summary item fits no record; dead-lettered");
+                let body = serde_json::to_vec(&serde_json::json!({"scope": scope, "item": item}))
+                    .map_err(|e| Error::Encode(e.to_string()))?;
+                self.send_dead_letter(&body, "summary_item_too_large", &source)?;
+            }
+            bodies.extend(encoded.records);
+        }
+        Ok(bodies)
     }
 
     fn send_bodies(&self, bodies: &[Vec<u8>]) -> Result<(), Error> {
@@ -321,6 +349,13 @@ impl Worker {
             .clone()
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
+            // Room for the largest summary record plus its batch framing.
+            .set(
+                "message.max.bytes",
+                (settings.max_summary_record_bytes + 65_536)
+                    .max(1_000_000)
+                    .to_string(),
+            )
             .create_with_context(delivery.clone())?;
         std::fs::create_dir_all(&settings.state_dir)?;
         let store = CheckpointStore::open(&settings.state_dir.join("checkpoints"))?;

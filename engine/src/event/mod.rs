@@ -17,6 +17,15 @@ use serde::de::{self, Deserializer, Visitor};
 pub use reject::RejectReason;
 pub use timestamp::{format_rfc3339_ms, parse_rfc3339_ms};
 
+/// Earliest accepted `event_time` (the Unix epoch). Bounding times at parse time keeps every
+/// bucket, window and lateness computation far from the ends of `i64`.
+pub const MIN_EVENT_TIME_MS: i64 = 0;
+/// Latest accepted `event_time`: 9999-12-31T23:59:59.999Z.
+pub const MAX_EVENT_TIME_MS: i64 = 253_402_300_799_999;
+/// Largest accepted `cost`. Counts add saturating at `u64::MAX`, which this bound puts more
+/// than four billion maximum-cost events of one key in one window away.
+pub const MAX_COST: u64 = u32::MAX as u64;
+
 /// A parsed event. Strings borrow from the input unless it contained escapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event<'a> {
@@ -108,10 +117,16 @@ fn checked(raw: RawEvent<'_>, max_key_bytes: usize) -> Result<Event<'_>, RejectR
         .as_ref()
         .and_then(Scalar::time_ms)
         .ok_or(RejectReason::InvalidTime)?;
+    if !(MIN_EVENT_TIME_MS..=MAX_EVENT_TIME_MS).contains(&time_ms) {
+        return Err(RejectReason::TimeOutOfRange);
+    }
     let cost = match &cost {
         None => 1,
         Some(c) => c.cost().ok_or(RejectReason::InvalidCost)?,
     };
+    if cost > MAX_COST {
+        return Err(RejectReason::CostOutOfRange);
+    }
     Ok(Event {
         event_id: event_id.and_then(Scalar::into_id),
         time_ms,
@@ -347,6 +362,26 @@ mod tests {
             (
                 r#"{"event_time":1,"metric":"m","key":"k","cost":"3"}"#,
                 RejectReason::InvalidCost,
+            ),
+            (
+                r#"{"event_time":-1,"metric":"m","key":"k"}"#,
+                RejectReason::TimeOutOfRange,
+            ),
+            (
+                r#"{"event_time":9223372036854775807,"metric":"m","key":"k"}"#,
+                RejectReason::TimeOutOfRange,
+            ),
+            (
+                r#"{"event_time":253402300800000,"metric":"m","key":"k"}"#,
+                RejectReason::TimeOutOfRange,
+            ),
+            (
+                r#"{"event_time":1,"metric":"m","key":"k","cost":4294967296}"#,
+                RejectReason::CostOutOfRange,
+            ),
+            (
+                r#"{"event_time":1,"metric":"m","key":"k","cost":18446744073709551615}"#,
+                RejectReason::CostOutOfRange,
             ),
         ];
         for (line, want) in cases {

@@ -14,13 +14,24 @@ pub enum RejectReason {
     FutureTime,
     Late,
     InvalidCost,
+    /// An `event_time` outside [`MIN_EVENT_TIME_MS`, `MAX_EVENT_TIME_MS`] (1970 to year 9999).
+    ///
+    /// [`MIN_EVENT_TIME_MS`]: crate::event::MIN_EVENT_TIME_MS
+    /// [`MAX_EVENT_TIME_MS`]: crate::event::MAX_EVENT_TIME_MS
+    TimeOutOfRange,
+    /// A `cost` above [`MAX_COST`](crate::event::MAX_COST).
+    CostOutOfRange,
+    /// A `scope` longer than the config's `max_scope_bytes`.
+    OversizeScope,
+    /// A scope new to its shard when the shard already holds `max_scopes` of them.
+    TooManyScopes,
     /// On a partition other than the one Kafka's default partitioner gives its key: the
     /// producer used another partitioner, and counting it would give the key two owners.
     WrongShard,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 10] = [
+    pub const ALL: [RejectReason; 14] = [
         RejectReason::InvalidJson,
         RejectReason::MissingMetric,
         RejectReason::OtherMetric,
@@ -30,6 +41,10 @@ impl RejectReason {
         RejectReason::FutureTime,
         RejectReason::Late,
         RejectReason::InvalidCost,
+        RejectReason::TimeOutOfRange,
+        RejectReason::CostOutOfRange,
+        RejectReason::OversizeScope,
+        RejectReason::TooManyScopes,
         RejectReason::WrongShard,
     ];
 
@@ -44,6 +59,10 @@ impl RejectReason {
             RejectReason::FutureTime => "future_time",
             RejectReason::Late => "late",
             RejectReason::InvalidCost => "invalid_cost",
+            RejectReason::TimeOutOfRange => "time_out_of_range",
+            RejectReason::CostOutOfRange => "cost_out_of_range",
+            RejectReason::OversizeScope => "oversize_scope",
+            RejectReason::TooManyScopes => "too_many_scopes",
             RejectReason::WrongShard => "wrong_shard",
         }
     }
