@@ -8,16 +8,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::Message;
-use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::partition::message_key;
-use topk_testenv::{TestEnv, metric_manifest, reading_consumer, unique_name};
+use topk_testenv::{TestEnv, metric_manifest, read_partition, unique_name};
 
 const HOUR: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z
 const MINUTE: i64 = 60_000;
@@ -47,24 +44,9 @@ fn read_hour(
     topic: &str,
     hour: &str,
 ) -> (ExactHourManifest, BTreeMap<(String, String), u64>) {
-    let consumer = reading_consumer(&env.kafka_config(), "read");
-    let (low, high) = consumer
-        .fetch_watermarks(topic, 0, Duration::from_secs(10))
-        .expect("watermarks");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Offset(low))
-        .expect("offset");
-    consumer.assign(&tpl).expect("assign");
     let mut latest: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut next = low;
-    while next < high {
-        let Some(msg) = consumer.poll(Duration::from_millis(500)) else {
-            continue;
-        };
-        let msg = msg.expect("message");
-        next = msg.offset() + 1;
-        let key = String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned();
-        latest.insert(key, msg.payload().unwrap_or_default().to_vec());
+    for record in read_partition(&env.kafka_config(), topic, 0) {
+        latest.insert(record.key, record.payload);
     }
     let manifest: ExactHourManifest =
         serde_json::from_slice(&latest[&exact_hour_key(hour, None)]).expect("manifest");

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use serde_json::Value;
+use topk_api::record::SummaryRecord;
+use topk_api::topics::TopicNames;
 use topk_engine::partition::message_key;
 use topk_engine::summary::rank_order;
-use topk_testenv::{TestEnv, list_items, metric_manifest, unique_name};
+use topk_testenv::{TestEnv, list_items, metric_manifest, read_partition, unique_name};
 
 const SHARDS: u32 = 2;
 const WAIT: Duration = Duration::from_secs(120);
@@ -40,10 +42,11 @@ windows:
     )
 }
 
-/// Exact top 10 per scope of everything produced, without the denied keys.
+/// Exact top `k` per scope of everything produced, without the denied keys.
 fn oracle(
     counts: &BTreeMap<(String, String), u64>,
     deny: &[&str],
+    k: usize,
 ) -> BTreeMap<String, Vec<(String, u64)>> {
     let mut per_scope: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
     for ((scope, key), count) in counts {
@@ -56,9 +59,65 @@ fn oracle(
     }
     for list in per_scope.values_mut() {
         list.sort_by(|a, b| rank_order(&a.0, a.1, &b.0, b.1));
-        list.truncate(10);
+        list.truncate(k);
     }
     per_scope
+}
+
+/// A reducer and the means to start the two workers, one shard each (epoch 1), on the
+/// rendered `config`.
+struct Stack {
+    dir: std::path::PathBuf,
+    config: String,
+    assignment: String,
+    reducer: common::Server,
+}
+
+impl Stack {
+    fn start(dir: &std::path::Path, config: &std::path::Path) -> Self {
+        let assignment = dir.join("assignment.json");
+        let table = serde_json::json!({"version": 1, "shards": [
+            {"shard": 0, "worker": 0, "epoch": 1},
+            {"shard": 1, "worker": 1, "epoch": 1},
+        ]});
+        std::fs::write(&assignment, table.to_string()).expect("assignment");
+        let config = config.to_str().expect("utf-8 path").to_owned();
+        let assignment = assignment.to_str().expect("utf-8 path").to_owned();
+        let reducer_state = dir.join("reducer");
+        let reducer = common::spawn(&[
+            "reducer",
+            "--config",
+            &config,
+            "--assignment-file",
+            &assignment,
+            "--state-dir",
+            reducer_state.to_str().expect("utf-8 path"),
+        ]);
+        Self {
+            dir: dir.to_owned(),
+            config,
+            assignment,
+            reducer,
+        }
+    }
+
+    fn worker(&self, ordinal: u32) -> common::Process {
+        let state = self.dir.join(format!("worker-{ordinal}"));
+        common::Process(
+            common::topk()
+                .args(["worker", "--config", &self.config])
+                .args(["--ordinal", &ordinal.to_string()])
+                .args(["--assignment-file", &self.assignment])
+                .arg("--state-dir")
+                .arg(state)
+                .args(["--listen", "127.0.0.1:0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start topk worker"),
+        )
+    }
 }
 
 #[test]
@@ -80,43 +139,10 @@ fn workers_and_reducer_publish_the_exact_lists() {
         )
     };
     let config = render(&["song-banned"]);
-    let assignment = dir.path().join("assignment.json");
-    let table = serde_json::json!({"version": 1, "shards": [
-        {"shard": 0, "worker": 0, "epoch": 1},
-        {"shard": 1, "worker": 1, "epoch": 1},
-    ]});
-    std::fs::write(&assignment, table.to_string()).expect("assignment");
-    let config_arg = config.to_str().expect("utf-8 path").to_owned();
-    let assignment_arg = assignment.to_str().expect("utf-8 path").to_owned();
-    let worker = |ordinal: u32| {
-        let state = dir.path().join(format!("worker-{ordinal}"));
-        common::Process(
-            common::topk()
-                .args(["worker", "--config", &config_arg])
-                .args(["--ordinal", &ordinal.to_string()])
-                .args(["--assignment-file", &assignment_arg])
-                .arg("--state-dir")
-                .arg(state)
-                .args(["--listen", "127.0.0.1:0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start topk worker"),
-        )
-    };
-    let reducer_state = dir.path().join("reducer");
-    let reducer = common::spawn(&[
-        "reducer",
-        "--config",
-        &config_arg,
-        "--assignment-file",
-        &assignment_arg,
-        "--state-dir",
-        reducer_state.to_str().expect("utf-8 path"),
-    ]);
-    let _worker0 = worker(0);
-    let worker1 = worker(1);
+    let stack = Stack::start(dir.path(), &config);
+    let reducer = &stack.reducer;
+    let _worker0 = stack.worker(0);
+    let worker1 = stack.worker(1);
 
     let producer: ThreadedProducer<DefaultProducerContext> = env
         .kafka_config()
@@ -160,9 +186,9 @@ fn workers_and_reducer_publish_the_exact_lists() {
     std::thread::sleep(Duration::from_millis(300));
     // Killed and reaped before the new one starts: they share its RocksDB (and its lock).
     drop(worker1);
-    let _worker1 = worker(1);
+    let _worker1 = stack.worker(1);
     produce(3_000);
-    let want = oracle(&counts, &["song-banned"]);
+    let want = oracle(&counts, &["song-banned"], 10);
     assert!(want[""].iter().all(|(k, _)| k != "song-banned"));
 
     // Once the workers idle past the last event, both windows hold every event.
@@ -194,10 +220,107 @@ fn workers_and_reducer_publish_the_exact_lists() {
     // lists drop it with no new event and no restart, and the next key moves up.
     let leader = want[""][0].0.clone();
     render(&["song-banned", &leader]);
-    await_lists(&oracle(&counts, &["song-banned", &leader]), "taken-down");
+    await_lists(
+        &oracle(&counts, &["song-banned", &leader], 10),
+        "taken-down",
+    );
     // Lifting every takedown brings the keys back with their true counts.
     render(&[]);
-    await_lists(&oracle(&counts, &[]), "lifted");
+    await_lists(&oracle(&counts, &[], 10), "lifted");
     let (_, metrics) = common::get(&format!("{}/metrics", reducer.base));
     assert!(metrics.contains("topk_reducer_denied_keys 0"), "{metrics}");
+}
+
+#[test]
+fn summaries_over_the_record_budget_arrive_in_parts_and_the_lists_stay_exact() {
+    let Some(env) = TestEnv::get("summaries split into parts") else {
+        return;
+    };
+    const BUDGET: usize = 65_536;
+    const SCOPES: u32 = 300;
+    const KEYS: u32 = 30;
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let ns = "e2e";
+    let name = unique_name("plays");
+    let input = unique_name("plays-input");
+    runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = metric_manifest(
+        &name,
+        "plays",
+        &env.kafka_bootstrap,
+        &input,
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 100
+allowedLateness: 1s
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s, maxSummaryRecordBytes: {BUDGET}}}
+windows:
+  - {{name: all, allTime: true, bucket: 1s}}
+"#
+        ),
+    );
+    let config = common::rendered_config(dir.path(), &manifest, ns);
+    let stack = Stack::start(dir.path(), &config);
+    let _workers = [stack.worker(0), stack.worker(1)];
+
+    // 300 scopes of 30 keys: about 150 KB of lists per shard, several parts each.
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer");
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for scope_index in 0..SCOPES {
+        let scope = format!("region-{scope_index:03}");
+        for key_index in 0..KEYS {
+            let key = format!("song-{key_index:02}");
+            let cost = 1 + u64::from(key_index * 7 + scope_index) % 5;
+            let payload = serde_json::json!({
+                "event_time": time, "metric": "plays", "scope": scope, "key": key, "cost": cost,
+            })
+            .to_string();
+            producer
+                .send(
+                    BaseRecord::to(&input)
+                        .key(&message_key("plays", &scope, &key))
+                        .payload(&payload),
+                )
+                .expect("enqueue");
+            *counts.entry((scope.clone(), key)).or_default() += cost;
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let want = oracle(&counts, &[], 100);
+    for (scope, expected) in &want {
+        let url = format!(
+            "{}/v1/rankings/plays?window=all&scope={scope}",
+            stack.reducer.base
+        );
+        common::await_some(&format!("the list of scope {scope}"), WAIT, || {
+            let (status, body) = common::get(&url);
+            let list: Value = serde_json::from_str(&body).ok()?;
+            (status == 200 && &list_items(&list) == expected).then_some(())
+        });
+    }
+
+    // Every record the workers sent fits the budget, and the lists did need parts.
+    let records = read_partition(&env.kafka_config(), &TopicNames::of(ns, &name).summaries, 0);
+    let mut split = 0;
+    for record in &records {
+        assert!(
+            record.payload.len() <= BUDGET,
+            "a summary record of {} bytes",
+            record.payload.len()
+        );
+        let summary: SummaryRecord = serde_json::from_slice(&record.payload).expect("summary");
+        split += usize::from(summary.parts > 1);
+    }
+    assert!(split > 0, "no summary of {} needed parts", records.len());
 }

@@ -17,15 +17,11 @@ use kube::api::{Patch, PatchParams, PostParams};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rdkafka::ClientConfig;
-use rdkafka::Message;
-use rdkafka::consumer::Consumer;
-use rdkafka::message::Headers;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
 use topk_api::topics::TopicNames;
 use topk_engine::partition::{message_key, shard_for};
 use topk_testenv::{
-    PrivateKafka, TestEnv, await_some, create_metric_topics, metric_manifest, reading_consumer,
+    PrivateKafka, TestEnv, await_some, create_metric_topics, metric_manifest, read_partition,
     unique_name,
 };
 use topk_worker::SummaryRecord;
@@ -265,50 +261,10 @@ type Record = (String, Vec<u8>, Vec<(String, String)>);
 
 /// Everything in all partitions of `topic` right now.
 fn read_all(kafka: &ClientConfig, topic: &str, partitions: i32) -> Vec<Record> {
-    let consumer = reading_consumer(kafka, "check");
-    let mut out = Vec::new();
-    for partition in 0..partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, Duration::from_secs(10))
-            .expect("watermarks");
-        if high <= low {
-            continue;
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(low))
-            .expect("offset");
-        consumer.assign(&tpl).expect("assign");
-        let mut next = low;
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while next < high {
-            assert!(std::time::Instant::now() < deadline, "reading {topic}");
-            let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
-                continue;
-            };
-            let msg = msg.expect("message");
-            next = msg.offset() + 1;
-            let headers = msg
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| {
-                            let value = h.value.unwrap_or_default();
-                            (
-                                h.key.to_owned(),
-                                String::from_utf8_lossy(value).into_owned(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            out.push((
-                String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned(),
-                msg.payload().unwrap_or_default().to_vec(),
-                headers,
-            ));
-        }
-    }
-    out
+    (0..partitions)
+        .flat_map(|partition| read_partition(kafka, topic, partition))
+        .map(|r| (r.key, r.payload, r.headers))
+        .collect()
 }
 
 fn summaries(kafka: &ClientConfig, topics: &TopicNames) -> Vec<SummaryRecord> {

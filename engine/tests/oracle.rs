@@ -391,3 +391,63 @@ fn approximate_memory_stays_flat_under_a_flood_of_unique_keys() {
         "state grew from {first} to {last} bytes: {sizes:?}"
     );
 }
+
+#[test]
+fn out_of_range_times_and_costs_and_scope_limits_are_rejected_by_reason() {
+    let mut cfg = config(
+        Mode::Exact,
+        1,
+        3,
+        10,
+        vec![WindowConfig::sliding("w", 100, 10)],
+    );
+    cfg.max_future_skew_ms = i64::MAX;
+    cfg.max_scope_bytes = 4;
+    cfg.max_scopes = 2;
+    let mut p = Pipeline::new(cfg).unwrap();
+    let mut out = Vec::new();
+    let lines = [
+        r#"{"event_time":-1,"metric":"m","key":"a"}"#,
+        r#"{"event_time":9223372036854775807,"metric":"m","key":"a"}"#,
+        r#"{"event_time":1000,"metric":"m","key":"a","cost":18446744073709551615}"#,
+        r#"{"event_time":1000,"metric":"m","key":"a","cost":4294967295}"#,
+        r#"{"event_time":1000,"metric":"m","scope":"toolong","key":"a"}"#,
+        r#"{"event_time":1000,"metric":"m","scope":"eu","key":"a"}"#,
+        r#"{"event_time":1000,"metric":"m","scope":"us","key":"a"}"#,
+        r#"{"event_time":1000,"metric":"m","key":"a"}"#,
+    ];
+    let outcomes: Vec<_> = lines
+        .iter()
+        .map(|l| p.ingest_line(l, 10_000, &mut out))
+        .collect();
+    use IngestOutcome::*;
+    use RejectReason::*;
+    assert_eq!(
+        outcomes,
+        vec![
+            Rejected(TimeOutOfRange),
+            Rejected(TimeOutOfRange),
+            Rejected(CostOutOfRange),
+            Accepted,
+            Rejected(OversizeScope),
+            Accepted,
+            Rejected(TooManyScopes),
+            Accepted,
+        ]
+    );
+    // The largest accepted costs add up exactly.
+    for _ in 0..3 {
+        p.ingest_line(
+            r#"{"event_time":1000,"metric":"m","scope":"eu","key":"a","cost":4294967295}"#,
+            10_000,
+            &mut out,
+        );
+    }
+    p.finish(10_000, &mut out);
+    let eu = out
+        .iter()
+        .rev()
+        .find(|o| o.ranking.scope == "eu")
+        .expect("a list for eu");
+    assert_eq!(eu.ranking.items[0].count, 1 + 3 * u64::from(u32::MAX));
+}

@@ -2,14 +2,11 @@
 //! with its manifest after every chunk; a write whose chunk the broker does not take sends no
 //! manifest at all.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rdkafka::Message;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
 use topk_runtime::output::{ChunkedWrite, DeliveryCounter};
-use topk_testenv::{TestEnv, reading_consumer, unique_name};
+use topk_testenv::{TestEnv, read_partition, unique_name};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -29,27 +26,11 @@ fn setup(test: &str) -> Option<(TestEnv, String, ThreadedProducer<DeliveryCounte
 }
 
 /// Every key on partition 0 of `topic`, in order.
-fn keys(consumer: &BaseConsumer, topic: &str) -> Vec<String> {
-    let (low, high) = consumer
-        .fetch_watermarks(topic, 0, TIMEOUT)
-        .expect("watermarks");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Offset(low))
-        .expect("partition");
-    consumer.assign(&tpl).expect("assign");
-    let deadline = Instant::now() + TIMEOUT;
-    let mut keys = Vec::new();
-    let mut next = low;
-    while next < high {
-        assert!(Instant::now() < deadline, "timed out reading {topic}");
-        let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let msg = msg.expect("message");
-        next = msg.offset() + 1;
-        keys.push(String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned());
-    }
-    keys
+fn keys(env: &TestEnv, topic: &str) -> Vec<String> {
+    read_partition(&env.kafka_config(), topic, 0)
+        .into_iter()
+        .map(|r| r.key)
+        .collect()
 }
 
 #[test]
@@ -78,8 +59,7 @@ fn a_complete_write_ends_with_its_manifest() {
                 .payload("3 chunks"),
         )
         .expect("finish");
-    let consumer = reading_consumer(&env.kafka_config(), "chunked");
-    assert_eq!(keys(&consumer, &topic), ["v/0", "v/1", "v/2", "v"]);
+    assert_eq!(keys(&env, &topic), ["v/0", "v/1", "v/2", "v"]);
 }
 
 #[test]
@@ -106,9 +86,8 @@ fn a_chunk_the_broker_refuses_means_no_manifest() {
         )
         .and_then(|()| write.finish(BaseRecord::to(&topic).partition(0).key("v").payload("m")));
     assert!(refused.is_err(), "a lost chunk fails the write");
-    let consumer = reading_consumer(&env.kafka_config(), "chunked");
     assert_eq!(
-        keys(&consumer, &topic),
+        keys(&env, &topic),
         ["v/0"],
         "no manifest names a chunk that is not there"
     );

@@ -24,7 +24,9 @@ use kube::{Api, Client, Config};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::BaseConsumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -364,6 +366,66 @@ pub fn reading_consumer(kafka: &ClientConfig, prefix: &str) -> BaseConsumer {
         .set("enable.auto.commit", "false")
         .create()
         .expect("consumer")
+}
+
+/// A record as read back by [`read_partition`].
+#[derive(Debug, Clone)]
+pub struct ReadRecord {
+    pub offset: i64,
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+/// Every record in `partition` of `topic` right now (from its low to its high watermark),
+/// read with [`reading_consumer`]; panics after a minute without reaching the end.
+pub fn read_partition(kafka: &ClientConfig, topic: &str, partition: i32) -> Vec<ReadRecord> {
+    let consumer = reading_consumer(kafka, "read");
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .expect("watermarks");
+    let mut out = Vec::new();
+    if high <= low {
+        return out;
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(low))
+        .expect("offset");
+    consumer.assign(&tpl).expect("assign");
+    let mut next = low;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while next < high {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reading {topic}/{partition}: stuck at {next} of {high}"
+        );
+        let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let msg = msg.expect("message");
+        next = msg.offset() + 1;
+        let headers = msg
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        let value = h.value.unwrap_or_default();
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(value).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(ReadRecord {
+            offset: msg.offset(),
+            key: String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned(),
+            payload: msg.payload().unwrap_or_default().to_vec(),
+            headers,
+        });
+    }
+    out
 }
 
 /// A TopKMetric manifest (YAML) named `name` that counts `metric` from `topic` on `bootstrap`;
