@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -109,15 +108,6 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
         &manifest(&name, &env.kafka_bootstrap, &input),
         ns,
     );
-    let assignment = dir.path().join("assignment.json");
-    let table = serde_json::json!({"version": 1, "shards": [
-        {"shard": 0, "worker": 0, "epoch": 1},
-        {"shard": 1, "worker": 1, "epoch": 1},
-    ]});
-    std::fs::write(&assignment, table.to_string()).expect("assignment");
-    let config_arg = config.to_str().expect("utf-8 path").to_owned();
-    let assignment_arg = assignment.to_str().expect("utf-8 path").to_owned();
-
     // Three closed hours before the current one.
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -168,38 +158,13 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     }
     producer.flush(Duration::from_secs(30)).expect("flush");
 
-    let worker = |ordinal: u32| {
-        common::Process(
-            common::topk()
-                .args(["worker", "--config", &config_arg])
-                .args(["--ordinal", &ordinal.to_string()])
-                .args(["--assignment-file", &assignment_arg])
-                .arg("--state-dir")
-                .arg(dir.path().join(format!("worker-{ordinal}")))
-                .args(["--listen", "127.0.0.1:0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start topk worker"),
-        )
-    };
-    let reducer_state = dir.path().join("reducer");
-    let reducer = common::spawn(&[
-        "reducer",
-        "--config",
-        &config_arg,
-        "--assignment-file",
-        &assignment_arg,
-        "--state-dir",
-        reducer_state.to_str().expect("utf-8 path"),
-    ]);
-    let _workers = [worker(0), worker(1)];
+    let stack = common::Stack::start(dir.path(), &config);
+    let _workers = [stack.worker(0), stack.worker(1)];
 
     let list = |window: &str, scope: &str| -> Option<Value> {
         let (status, body) = common::get(&format!(
             "{}/v1/rankings/plays?window={window}&scope={scope}",
-            reducer.base
+            stack.reducer.base
         ));
         (status == 200).then(|| serde_json::from_str(&body).expect("json"))
     };
@@ -222,7 +187,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     for h in 0..3 {
         let hour = format_rfc3339_ms(first_hour + h * HOUR);
         let out = common::topk()
-            .args(["recount", "--config", &config_arg])
+            .args(["recount", "--config", &stack.config])
             .args(["--hour", &hour])
             .arg("--spill-dir")
             .arg(dir.path().join("spill"))
@@ -268,7 +233,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
 
     // Each recounted hour's streaming 1h list is graded against the exact hour.
     let grades = common::await_some("three graded hours", WAIT, || {
-        let (status, body) = common::get(&format!("{}/v1/grades", reducer.base));
+        let (status, body) = common::get(&format!("{}/v1/grades", stack.reducer.base));
         let value: Value = serde_json::from_str(&body).ok()?;
         let grades = value["grades"].as_array()?.clone();
         (status == 200 && grades.len() == 3).then_some(grades)
@@ -295,7 +260,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
         }
         assert_eq!(grade["scopes"], 2);
     }
-    let (_, metrics) = common::get(&format!("{}/metrics", reducer.base));
+    let (_, metrics) = common::get(&format!("{}/metrics", stack.reducer.base));
     assert!(
         metrics.contains("topk_reducer_exact_hours_total 3"),
         "{metrics}"

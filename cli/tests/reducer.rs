@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -64,62 +63,6 @@ fn oracle(
     per_scope
 }
 
-/// A reducer and the means to start the two workers, one shard each (epoch 1), on the
-/// rendered `config`.
-struct Stack {
-    dir: std::path::PathBuf,
-    config: String,
-    assignment: String,
-    reducer: common::Server,
-}
-
-impl Stack {
-    fn start(dir: &std::path::Path, config: &std::path::Path) -> Self {
-        let assignment = dir.join("assignment.json");
-        let table = serde_json::json!({"version": 1, "shards": [
-            {"shard": 0, "worker": 0, "epoch": 1},
-            {"shard": 1, "worker": 1, "epoch": 1},
-        ]});
-        std::fs::write(&assignment, table.to_string()).expect("assignment");
-        let config = config.to_str().expect("utf-8 path").to_owned();
-        let assignment = assignment.to_str().expect("utf-8 path").to_owned();
-        let reducer_state = dir.join("reducer");
-        let reducer = common::spawn(&[
-            "reducer",
-            "--config",
-            &config,
-            "--assignment-file",
-            &assignment,
-            "--state-dir",
-            reducer_state.to_str().expect("utf-8 path"),
-        ]);
-        Self {
-            dir: dir.to_owned(),
-            config,
-            assignment,
-            reducer,
-        }
-    }
-
-    fn worker(&self, ordinal: u32) -> common::Process {
-        let state = self.dir.join(format!("worker-{ordinal}"));
-        common::Process(
-            common::topk()
-                .args(["worker", "--config", &self.config])
-                .args(["--ordinal", &ordinal.to_string()])
-                .args(["--assignment-file", &self.assignment])
-                .arg("--state-dir")
-                .arg(state)
-                .args(["--listen", "127.0.0.1:0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start topk worker"),
-        )
-    }
-}
-
 #[test]
 fn workers_and_reducer_publish_the_exact_lists() {
     let Some(env) = TestEnv::get("workers and reducer end to end") else {
@@ -139,7 +82,7 @@ fn workers_and_reducer_publish_the_exact_lists() {
         )
     };
     let config = render(&["song-banned"]);
-    let stack = Stack::start(dir.path(), &config);
+    let stack = common::Stack::start(dir.path(), &config);
     let reducer = &stack.reducer;
     let _worker0 = stack.worker(0);
     let worker1 = stack.worker(1);
@@ -262,7 +205,7 @@ windows:
         ),
     );
     let config = common::rendered_config(dir.path(), &manifest, ns);
-    let stack = Stack::start(dir.path(), &config);
+    let stack = common::Stack::start(dir.path(), &config);
     let _workers = [stack.worker(0), stack.worker(1)];
 
     // 300 scopes of 30 keys: about 150 KB of lists per shard, several parts each.

@@ -126,3 +126,59 @@ impl Drop for Process {
         let _ = self.0.wait();
     }
 }
+
+/// A reducer and the means to start the two workers, one shard each (epoch 1), on the
+/// rendered `config`.
+pub struct Stack {
+    dir: PathBuf,
+    pub config: String,
+    assignment: String,
+    pub reducer: Server,
+}
+
+impl Stack {
+    pub fn start(dir: &Path, config: &Path) -> Self {
+        let assignment = dir.join("assignment.json");
+        let table = serde_json::json!({"version": 1, "shards": [
+            {"shard": 0, "worker": 0, "epoch": 1},
+            {"shard": 1, "worker": 1, "epoch": 1},
+        ]});
+        std::fs::write(&assignment, table.to_string()).expect("assignment");
+        let config = config.to_str().expect("utf-8 path").to_owned();
+        let assignment = assignment.to_str().expect("utf-8 path").to_owned();
+        let reducer_state = dir.join("reducer");
+        let reducer = spawn(&[
+            "reducer",
+            "--config",
+            &config,
+            "--assignment-file",
+            &assignment,
+            "--state-dir",
+            reducer_state.to_str().expect("utf-8 path"),
+        ]);
+        Self {
+            dir: dir.to_owned(),
+            config,
+            assignment,
+            reducer,
+        }
+    }
+
+    pub fn worker(&self, ordinal: u32) -> Process {
+        let state = self.dir.join(format!("worker-{ordinal}"));
+        Process(
+            topk()
+                .args(["worker", "--config", &self.config])
+                .args(["--ordinal", &ordinal.to_string()])
+                .args(["--assignment-file", &self.assignment])
+                .arg("--state-dir")
+                .arg(state)
+                .args(["--listen", "127.0.0.1:0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start topk worker"),
+        )
+    }
+}
