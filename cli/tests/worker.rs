@@ -1,6 +1,7 @@
 //! The worker against the real Kafka broker (and kube-apiserver) of the test environment:
 //! killed with SIGKILL at random points while the input grows, it still counts every event
-//! exactly once; bad input goes to the dead-letter topic with its reason; a re-sent summary is
+//! exactly once; bad input (an event ahead of its record's timestamp included) goes to the
+//! dead-letter topic with its reason, the same in every replay; a re-sent summary is
 //! always identical to the first; a shard moved between two workers through the assignment
 //! ConfigMap keeps exact counts while its old owner stops publishing it; and a transactional
 //! input's markers are not reported as lag.
@@ -221,19 +222,30 @@ impl Input {
                 .entry((shard_for("plays", "", &key, SHARDS), key))
                 .or_default() += cost;
         }
-        // Bad input mixed in: not JSON, and a key over maxKeyBytes.
+        // Bad input mixed in: not JSON, a key over maxKeyBytes, and an event an hour ahead of
+        // its record's timestamp (though not of the clock: a replay must reject it too).
         let long = "k".repeat(40);
-        for (payload, key) in [
-            ("{not json".to_owned(), "plays||x".to_owned()),
+        let hour_ago = self.time - 3_600_000;
+        for (payload, key, timestamp) in [
+            ("{not json".to_owned(), "plays||x".to_owned(), None),
             (
                 serde_json::json!({"event_time": self.time, "metric": "plays", "key": long})
                     .to_string(),
                 message_key("plays", "", &long),
+                None,
+            ),
+            (
+                serde_json::json!({"event_time": self.time, "metric": "plays", "key": "song-1"})
+                    .to_string(),
+                message_key("plays", "", "song-1"),
+                Some(hour_ago),
             ),
         ] {
-            self.producer
-                .send(BaseRecord::to(&self.topic).key(&key).payload(&payload))
-                .expect("enqueue");
+            let mut record = BaseRecord::to(&self.topic).key(&key).payload(&payload);
+            if let Some(ms) = timestamp {
+                record = record.timestamp(ms);
+            }
+            self.producer.send(record).expect("enqueue");
             self.bad_sent += 1;
         }
         self.producer.flush(Duration::from_secs(30)).expect("flush");
@@ -374,10 +386,14 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
     for reason in letters.values() {
         *reasons.entry(reason.as_str()).or_default() += 1;
     }
-    let half = input.bad_sent / 2;
+    let third = input.bad_sent / 3;
     assert_eq!(
         reasons,
-        BTreeMap::from([("invalid_json", half), ("oversize_key", half)])
+        BTreeMap::from([
+            ("future_time", third),
+            ("invalid_json", third),
+            ("oversize_key", third)
+        ])
     );
 }
 

@@ -235,6 +235,16 @@ impl InputMessage<'_> {
         self.raw().offset
     }
 
+    /// The record's Kafka timestamp (create or log-append time, as the topic says), in ms;
+    /// `None` for a record without one (message format v0).
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        // SAFETY: `ptr` is a live message and `kind` a valid place for the type.
+        let ms = unsafe { rd::rd_kafka_message_timestamp(self.ptr.as_ptr(), &mut kind) };
+        (kind != rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && ms >= 0)
+            .then_some(ms)
+    }
+
     /// The payload; empty for none.
     pub fn payload(&self) -> &[u8] {
         let raw = self.raw();

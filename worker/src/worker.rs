@@ -188,9 +188,12 @@ impl Sink {
         owned.active = true;
         let metrics = &self.health.metrics;
         let payload = msg.payload();
+        // Future times are judged against the record's own timestamp, so that a replay
+        // decides as the first run did; only a record without one falls back to the clock.
+        let reference_ms = msg.timestamp_ms().unwrap_or(now_ms);
         let outcome = parsed
             .unwrap_or_else(|| owned.parser.parse(payload))
-            .and_then(|event| owned.stream.ingest(&event, now_ms, summaries));
+            .and_then(|event| owned.stream.ingest(&event, reference_ms, summaries));
         if let Err(reason) = outcome {
             metrics.rejected(reason);
             self.dead_letter(payload, reason, shard, offset)?;
