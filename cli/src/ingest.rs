@@ -49,12 +49,10 @@ impl Ingestor {
         outcome
     }
 
-    /// Input that cannot even be read as text.
-    pub fn unreadable(&mut self) {
-        self.pipeline.record_rejection(RejectReason::InvalidJson);
-        self.state
-            .metrics
-            .record(IngestOutcome::Rejected(RejectReason::InvalidJson));
+    /// Input that is not counted before it is parsed: not text, or too long to read.
+    pub fn refuse(&mut self, reason: RejectReason) {
+        self.pipeline.record_rejection(reason);
+        self.state.metrics.record(IngestOutcome::Rejected(reason));
     }
 
     pub fn finish(&mut self, now_ms: i64) {

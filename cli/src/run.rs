@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::sync::watch;
 use topk_api::{DEFAULT_MANIFEST, DataPlaneConfig, DenyList, RankingRecord, load_manifest};
+use topk_engine::event::{MAX_EVENT_BYTES, RejectReason};
 use topk_engine::{EngineConfig, Pipeline};
 
 use crate::error::CliError;
@@ -138,12 +139,8 @@ fn ingest(
     let mut lines: u64 = 0;
     let mut now = now_ms();
     loop {
-        buf.clear();
-        if reader
-            .read_until(b'\n', &mut buf)
-            .map_err(CliError::Input)?
-            == 0
-        {
+        let line = read_line(&mut reader, &mut buf, MAX_EVENT_BYTES).map_err(CliError::Input)?;
+        if line == Line::End {
             break;
         }
         lines += 1;
@@ -160,11 +157,15 @@ fn ingest(
                 progress(&ingestor, lines, started);
             }
         }
+        if line == Line::TooLong {
+            ingestor.refuse(RejectReason::OversizeEvent);
+            continue;
+        }
         match std::str::from_utf8(&buf) {
             Ok(line) => {
                 ingestor.line(line.trim_end_matches(['\n', '\r']), now);
             }
-            Err(_) => ingestor.unreadable(),
+            Err(_) => ingestor.refuse(RejectReason::InvalidJson),
         }
     }
     ingestor.finish(now_ms());
@@ -172,6 +173,55 @@ fn ingest(
         progress(&ingestor, lines, started);
     }
     Ok(ingestor)
+}
+
+/// What [`read_line`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// A line, in the buffer with its line ending.
+    Read,
+    /// A line longer than the limit, read to its end and dropped: the buffer holds only
+    /// its start.
+    TooLong,
+    /// The end of the input.
+    End,
+}
+
+/// Reads one line into `buf` (cleared first), holding at most `limit` bytes besides its
+/// `\r\n`, so that input without line breaks cannot fill the memory.
+fn read_line(reader: &mut impl BufRead, buf: &mut Vec<u8>, limit: usize) -> std::io::Result<Line> {
+    buf.clear();
+    let keep = limit + 2;
+    let mut read_any = false;
+    loop {
+        let available = reader.fill_buf()?;
+        if available.is_empty() {
+            break;
+        }
+        read_any = true;
+        let (taken, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(at) => (at + 1, true),
+            None => (available.len(), false),
+        };
+        let room = keep.saturating_sub(buf.len());
+        buf.extend_from_slice(&available[..taken.min(room)]);
+        reader.consume(taken);
+        if done {
+            break;
+        }
+    }
+    if !read_any {
+        return Ok(Line::End);
+    }
+    let content = buf
+        .strip_suffix(b"\n")
+        .map_or(&buf[..], |b| b.strip_suffix(b"\r").unwrap_or(b));
+    // A cut-off line keeps `limit + 2` bytes and no `\n`: longer than the limit too.
+    Ok(if content.len() > limit {
+        Line::TooLong
+    } else {
+        Line::Read
+    })
 }
 
 fn progress(ingestor: &Ingestor, lines: u64, started: Instant) {
@@ -242,5 +292,37 @@ pub fn print_table(r: &RankingRecord, limit: usize) {
     );
     for item in r.items.iter().take(limit) {
         println!("  {:>4}  {:>12}  {}", item.rank, item.count, item.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_past_the_limit_are_dropped_whole_and_the_next_line_reads() {
+        let input = b"abc\r\nabcdef\nabcd\nxy\r\n\nlast".to_vec();
+        // A tiny buffer, so that lines span several fills.
+        let mut reader = BufReader::with_capacity(2, &input[..]);
+        let mut buf = Vec::new();
+        let mut seen = Vec::new();
+        loop {
+            let line = read_line(&mut reader, &mut buf, 4).unwrap();
+            if line == Line::End {
+                break;
+            }
+            seen.push((line, String::from_utf8_lossy(&buf).into_owned()));
+        }
+        let want = [
+            (Line::Read, "abc\r\n"),
+            (Line::TooLong, "abcdef"),
+            (Line::Read, "abcd\n"),
+            (Line::Read, "xy\r\n"),
+            (Line::Read, "\n"),
+            (Line::Read, "last"),
+        ];
+        let want: Vec<_> = want.iter().map(|(l, s)| (l, s.to_string())).collect();
+        let seen: Vec<_> = seen.iter().map(|(l, s)| (l, s.clone())).collect();
+        assert_eq!(seen, want);
     }
 }

@@ -48,6 +48,8 @@ fn fixture() -> (tempfile::TempDir, String, String) {
         event("01:21", "x", "", 0),
         r#"{"event_time":1,"metric":"other","key":"k"}"#.to_owned(),
         event("00:59", "late", "", 1), // older than 01:21 - 10s
+        // Two MiB without a line break: dropped whole, the next line still reads.
+        format!("{{\"key\":\"{}", "k".repeat(2 << 20)),
     ];
     lines.push(event("01:25", "e", "", 1));
     let input = dir.path().join("events.jsonl");
@@ -99,6 +101,7 @@ fn exit_at_end_prints_every_list_and_the_rejections() {
     assert_eq!(rejected["invalid_cost"], 1);
     assert_eq!(rejected["other_metric"], 1);
     assert_eq!(rejected["late"], 1);
+    assert_eq!(rejected["oversize_event"], 1);
 
     let rankings = doc["rankings"].as_array().unwrap();
     let find = |window: &str, scope: &str| {

@@ -181,6 +181,7 @@ impl Input {
             .clone()
             .set("partitioner", "murmur2_random")
             .set("enable.idempotence", "true")
+            .set("message.max.bytes", "4194304")
             .create()
             .expect("producer");
         Self {
@@ -222,11 +223,14 @@ impl Input {
                 .entry((shard_for("plays", "", &key, SHARDS), key))
                 .or_default() += cost;
         }
-        // Bad input mixed in: not JSON, a key over maxKeyBytes, and an event an hour ahead of
-        // its record's timestamp (though not of the clock: a replay must reject it too).
+        // Bad input mixed in: not JSON, a key over maxKeyBytes, an event an hour ahead of its
+        // record's timestamp (though not of the clock: a replay must reject it too), and a
+        // record of 2 MiB.
         let long = "k".repeat(40);
         let hour_ago = self.time - 3_600_000;
+        let huge = format!(r#"{{"metric":"plays","key":"{}"}}"#, "h".repeat(2 << 20));
         for (payload, key, timestamp) in [
+            (huge, "plays||h".to_owned(), None),
             ("{not json".to_owned(), "plays||x".to_owned(), None),
             (
                 serde_json::json!({"event_time": self.time, "metric": "plays", "key": long})
@@ -386,15 +390,27 @@ async fn sigkill_at_random_points_loses_and_doubles_nothing() {
     for reason in letters.values() {
         *reasons.entry(reason.as_str()).or_default() += 1;
     }
-    let third = input.bad_sent / 3;
+    let quarter = input.bad_sent / 4;
     assert_eq!(
         reasons,
         BTreeMap::from([
-            ("future_time", third),
-            ("invalid_json", third),
-            ("oversize_key", third)
+            ("future_time", quarter),
+            ("invalid_json", quarter),
+            ("oversize_event", quarter),
+            ("oversize_key", quarter)
         ])
     );
+    // The huge records' dead letters keep their start and say how long they were.
+    for (_, payload, headers) in read_all(&env.kafka_config(), &fixture.topics.dead_letters, 2) {
+        if headers
+            .iter()
+            .any(|(k, v)| k == "reason" && v == "oversize_event")
+        {
+            assert_eq!(payload.len(), 512 * 1024);
+            let truncated = headers.iter().find(|(k, _)| k == "truncated_from");
+            assert!(truncated.is_some_and(|(_, v)| v.parse::<usize>().unwrap() > 2 << 20));
+        }
+    }
 }
 
 #[tokio::test]

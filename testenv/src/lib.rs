@@ -209,7 +209,14 @@ pub async fn create_metric_topics(
     input: &str,
     shards: u32,
 ) {
-    create_topic(kafka, input, shards as i32, &[]).await;
+    // Records larger than the default 1 MB limit, as a topic may allow, reach the workers.
+    create_topic(
+        kafka,
+        input,
+        shards as i32,
+        &[("max.message.bytes", "4194304")],
+    )
+    .await;
     for topic in topk_api::topics::internal_topics(namespace, name, shards) {
         let config: &[(&str, &str)] = if topic.compacted {
             &[("cleanup.policy", "compact")]

@@ -217,7 +217,7 @@ impl Sink {
 
     /// Sends `payload` to the dead letters with why and where it came from (its key).
     fn send_dead_letter(&self, payload: &[u8], reason: &str, source: &str) -> Result<(), Error> {
-        let headers = OwnedHeaders::new()
+        let mut headers = OwnedHeaders::new()
             .insert(Header {
                 key: "reason",
                 value: Some(reason),
@@ -226,11 +226,20 @@ impl Sink {
                 key: "source",
                 value: Some(source),
             });
+        // A payload too large for a record keeps its start; the whole one stays at `source`.
+        let kept = &payload[..payload.len().min(DEAD_LETTER_PAYLOAD_BYTES)];
+        if kept.len() < payload.len() {
+            let length = payload.len().to_string();
+            headers = headers.insert(Header {
+                key: "truncated_from",
+                value: Some(&length),
+            });
+        }
         send(
             &self.producer,
             BaseRecord::to(&self.settings.topics.dead_letters)
                 .key(source.as_bytes())
-                .payload(payload)
+                .payload(kept)
                 .headers(headers),
         )?;
         Ok(())
@@ -317,6 +326,8 @@ const LAG_CHECK_EVERY: Duration = Duration::from_secs(10);
 const HOUSEKEEPING_EVERY: u32 = 1024;
 /// Messages taken from the consumer at a time.
 const BATCH: usize = 64;
+/// Most of a rejected payload a dead letter holds: well inside the producer's 1 MB limit.
+const DEAD_LETTER_PAYLOAD_BYTES: usize = 512 * 1024;
 /// How long a checkpoint waits for the broker to acknowledge earlier output.
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
 

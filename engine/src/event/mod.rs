@@ -26,6 +26,10 @@ pub const MAX_EVENT_TIME_MS: i64 = 253_402_300_799_999;
 /// than four billion maximum-cost events of one key in one window away.
 pub const MAX_COST: u64 = u32::MAX as u64;
 
+/// Longest accepted event, in bytes: far above any real event, low enough that one record
+/// cannot make a parser or a dead letter hold megabytes.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
 /// A parsed event. Strings borrow from the input unless it contained escapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event<'a> {
@@ -60,6 +64,9 @@ pub fn parse_event(line: &str, max_key_bytes: usize) -> Result<Event<'_>, Reject
 
 /// Parses one event from raw bytes, such as a Kafka payload; invalid UTF-8 is `invalid_json`.
 pub fn parse_event_bytes(input: &[u8], max_key_bytes: usize) -> Result<Event<'_>, RejectReason> {
+    if input.len() > MAX_EVENT_BYTES {
+        return Err(RejectReason::OversizeEvent);
+    }
     // Filled in place: the fields are moved once, into the event.
     let mut raw = RawEvent::default();
     if flat::scan(input, &mut raw).is_none() {
@@ -387,6 +394,11 @@ mod tests {
         for (line, want) in cases {
             assert_eq!(parse(line).unwrap_err(), want, "{line}");
         }
+        // Valid JSON, one byte too long: refused before it is read.
+        let padding = " ".repeat(MAX_EVENT_BYTES);
+        let long = format!(r#"{{"event_time":1,"metric":"m","key":"k"}}{padding}"#);
+        assert_eq!(parse(&long).unwrap_err(), RejectReason::OversizeEvent);
+        assert!(parse(&long[..MAX_EVENT_BYTES]).is_ok());
     }
 
     #[test]

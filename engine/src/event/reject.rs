@@ -21,6 +21,9 @@ pub enum RejectReason {
     TimeOutOfRange,
     /// A `cost` above [`MAX_COST`](crate::event::MAX_COST).
     CostOutOfRange,
+    /// An event (a Kafka record's payload or a line of input) longer than
+    /// [`MAX_EVENT_BYTES`](crate::event::MAX_EVENT_BYTES).
+    OversizeEvent,
     /// A `scope` longer than the config's `max_scope_bytes`.
     OversizeScope,
     /// A scope new to its shard when the shard already holds `max_scopes` of them.
@@ -31,7 +34,7 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 14] = [
+    pub const ALL: [RejectReason; 15] = [
         RejectReason::InvalidJson,
         RejectReason::MissingMetric,
         RejectReason::OtherMetric,
@@ -43,6 +46,7 @@ impl RejectReason {
         RejectReason::InvalidCost,
         RejectReason::TimeOutOfRange,
         RejectReason::CostOutOfRange,
+        RejectReason::OversizeEvent,
         RejectReason::OversizeScope,
         RejectReason::TooManyScopes,
         RejectReason::WrongShard,
@@ -61,6 +65,7 @@ impl RejectReason {
             RejectReason::InvalidCost => "invalid_cost",
             RejectReason::TimeOutOfRange => "time_out_of_range",
             RejectReason::CostOutOfRange => "cost_out_of_range",
+            RejectReason::OversizeEvent => "oversize_event",
             RejectReason::OversizeScope => "oversize_scope",
             RejectReason::TooManyScopes => "too_many_scopes",
             RejectReason::WrongShard => "wrong_shard",
