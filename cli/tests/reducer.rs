@@ -205,8 +205,9 @@ windows:
         ),
     );
     let config = common::rendered_config(dir.path(), &manifest, ns);
-    let stack = common::Stack::start(dir.path(), &config);
-    let _workers = [stack.worker(0), stack.worker(1)];
+    let mut stack = common::Stack::start(dir.path(), &config);
+    let mut worker0 = Some(stack.worker(0));
+    let _worker1 = stack.worker(1);
 
     // 300 scopes of 30 keys: about 150 KB of lists per shard, several parts each.
     let producer: ThreadedProducer<DefaultProducerContext> = env
@@ -241,17 +242,20 @@ windows:
     producer.flush(Duration::from_secs(30)).expect("flush");
 
     let want = oracle(&counts, &[], 100);
-    for (scope, expected) in &want {
-        let url = format!(
-            "{}/v1/rankings/plays?window=all&scope={scope}",
-            stack.reducer.base
-        );
-        common::await_some(&format!("the list of scope {scope}"), WAIT, || {
-            let (status, body) = common::get(&url);
-            let list: Value = serde_json::from_str(&body).ok()?;
-            (status == 200 && &list_items(&list) == expected).then_some(())
-        });
-    }
+    let await_exact = |stack: &common::Stack, what: &str| {
+        for (scope, expected) in &want {
+            let url = format!(
+                "{}/v1/rankings/plays?window=all&scope={scope}",
+                stack.reducer.base
+            );
+            common::await_some(&format!("the {what} list of scope {scope}"), WAIT, || {
+                let (status, body) = common::get(&url);
+                let list: Value = serde_json::from_str(&body).ok()?;
+                (status == 200 && &list_items(&list) == expected).then_some(())
+            });
+        }
+    };
+    await_exact(&stack, "first");
 
     // Every record the workers sent fits the budget, and the lists did need parts.
     let records = read_partition(&env.kafka_config(), &TopicNames::of(ns, &name).summaries, 0);
@@ -266,4 +270,25 @@ windows:
         split += usize::from(summary.parts > 1);
     }
     assert!(split > 0, "no summary of {} needed parts", records.len());
+
+    // The reducer and a worker die and find their local stores corrupt: both set them aside,
+    // rebuild (from the summaries topic; from the handoff snapshot or the input) and serve the
+    // same lists, with a metric saying so.
+    drop(worker0.take());
+    for store in [stack.worker_store(0), stack.reducer_store()] {
+        std::fs::write(store.join("CURRENT"), b"garbage").expect("corrupt the store");
+    }
+    stack.restart_reducer();
+    let worker0 = stack.served_worker(0);
+    await_exact(&stack, "rebuilt");
+    let (_, metrics) = common::get(&format!("{}/metrics", stack.reducer.base));
+    assert!(
+        metrics.contains("topk_reducer_corrupt_store_total 1"),
+        "{metrics}"
+    );
+    let (_, metrics) = common::get(&format!("{}/metrics", worker0.base));
+    assert!(
+        metrics.contains(r#"topk_worker_corrupt_state_total{state="store"} 1"#),
+        "{metrics}"
+    );
 }

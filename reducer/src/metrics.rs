@@ -52,6 +52,7 @@ pub struct ReducerMetrics {
     pub graded_hour_seconds: Gauge,
     pub grade_bound_violations: Counter,
     pub denied_keys: Gauge,
+    pub corrupt_store: Counter,
 }
 
 impl Default for ReducerMetrics {
@@ -80,6 +81,7 @@ impl Default for ReducerMetrics {
             graded_hour_seconds: Gauge::default(),
             grade_bound_violations: Counter::default(),
             denied_keys: Gauge::default(),
+            corrupt_store: Counter::default(),
             registry: Registry::default(),
         };
         for outcome in Outcome::ALL {
@@ -147,6 +149,11 @@ impl Default for ReducerMetrics {
             "kafka_errors",
             "Errors reported by the summaries consumer",
             m.kafka_errors.clone(),
+        );
+        r.register(
+            "corrupt_store",
+            "Times the ranking store was found unreadable at start, set aside (rankings.corrupt) and rebuilt from the summaries topic",
+            m.corrupt_store.clone(),
         );
         r.register(
             "denied_keys",

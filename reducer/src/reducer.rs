@@ -114,14 +114,32 @@ pub(crate) fn now_ms() -> i64 {
 /// reducer answers at once.
 pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
     std::fs::create_dir_all(&settings.state_dir)?;
-    let store = RankingStore::open(&settings.state_dir.join("rankings"), &settings.merge.metric)?;
-    let served = Served::new(
-        &settings.merge.metric,
-        settings.merge.windows.clone(),
-        settings.merge.k,
-    );
-    served.put(store.latest()?);
+    let path = settings.state_dir.join("rankings");
+    let metric = &settings.merge.metric;
     let metrics = ReducerMetrics::default();
+    let readable = |store: RankingStore| -> Result<_, Error> {
+        let latest = store.latest()?;
+        store.meta(&settings.merge.windows)?;
+        Ok((store, latest))
+    };
+    let (store, latest) = match readable(RankingStore::open(&path, metric)?) {
+        Ok((store, latest)) => {
+            if store.set_aside().is_some() {
+                metrics.corrupt_store.inc();
+            }
+            (store, latest)
+        }
+        // Lists RocksDB can open but not read: set aside too, and rebuilt the same way.
+        Err(err @ Error::Json(_)) => {
+            tracing::error!(%err, "ranking store unreadable; setting it aside and rebuilding");
+            topk_runtime::store::set_aside(&path)?;
+            metrics.corrupt_store.inc();
+            readable(RankingStore::open(&path, metric)?)?
+        }
+        Err(err) => return Err(err),
+    };
+    let served = Served::new(metric, settings.merge.windows.clone(), settings.merge.k);
+    served.put(latest);
     let shared = Arc::new(Shared {
         served: Arc::new(served),
         metrics,

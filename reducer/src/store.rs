@@ -15,6 +15,7 @@ use std::path::Path;
 use rocksdb::{DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
 use topk_api::RankingRecord;
 use topk_engine::event::parse_rfc3339_ms;
+use topk_runtime::store::open_rebuildable;
 
 use crate::error::Error;
 
@@ -44,6 +45,7 @@ pub struct Retention {
 pub struct RankingStore {
     db: DB,
     metric: String,
+    set_aside: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn push_part(key: &mut Vec<u8>, part: &str) {
@@ -64,14 +66,22 @@ pub(crate) fn sync() -> WriteOptions {
 }
 
 impl RankingStore {
+    /// Opens the store at `path`; one RocksDB finds corrupt is set aside and started anew
+    /// (see [`Self::set_aside`]).
     pub fn open(path: &Path, metric: &str) -> Result<Self, Error> {
         let mut options = Options::default();
         options.create_if_missing(true);
-        let db = DB::open(&options, path)?;
+        let opened = open_rebuildable(path, &options)?;
         Ok(Self {
-            db,
+            db: opened.db,
             metric: metric.to_owned(),
+            set_aside: opened.set_aside,
         })
+    }
+
+    /// Where the corrupt store found at opening went, if there was one.
+    pub fn set_aside(&self) -> Option<&Path> {
+        self.set_aside.as_deref()
     }
 
     pub(crate) fn db(&self) -> &DB {

@@ -9,4 +9,6 @@ pub enum Error {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("{0} records were not delivered")]
     Undelivered(u64),
+    #[error("local store {path}: {reason}")]
+    Store { path: String, reason: String },
 }

@@ -1,7 +1,8 @@
 //! What every topk data-plane process shares, so that none of them depends on another for
 //! plumbing: the batch Kafka consumer ([`input`], the one module with `unsafe`), producers with
 //! delivery accounting ([`output`]), the assignment and ConfigMap watches ([`control`]), the
-//! probe and metrics endpoints ([`probes`]), config loading and shutdown.
+//! probe and metrics endpoints ([`probes`]), local stores set aside when corrupt ([`store`]),
+//! config loading and shutdown.
 
 pub mod control;
 pub mod error;
@@ -9,6 +10,7 @@ pub mod error;
 pub mod input;
 pub mod output;
 pub mod probes;
+pub mod store;
 
 use std::path::Path;
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use rocksdb::{DB, Options, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
 use topk_engine::stream::StreamSnapshot;
+use topk_runtime::store::open_rebuildable;
 
 use crate::error::Error;
 
@@ -47,6 +48,7 @@ impl Checkpoint {
 
 pub struct CheckpointStore {
     db: DB,
+    set_aside: Option<std::path::PathBuf>,
 }
 
 fn key(shard: u32) -> Vec<u8> {
@@ -54,12 +56,22 @@ fn key(shard: u32) -> Vec<u8> {
 }
 
 impl CheckpointStore {
+    /// Opens the store at `path`; one RocksDB finds corrupt is set aside and started anew
+    /// (every shard is then restored from its handoff snapshot and the input).
     pub fn open(path: &Path) -> Result<Self, Error> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let db = DB::open(&opts, path).map_err(|e| Error::Store(e.to_string()))?;
-        Ok(Self { db })
+        let opened = open_rebuildable(path, &opts)?;
+        Ok(Self {
+            db: opened.db,
+            set_aside: opened.set_aside,
+        })
+    }
+
+    /// Where the corrupt store found at opening went, if there was one.
+    pub fn set_aside(&self) -> Option<&Path> {
+        self.set_aside.as_deref()
     }
 
     /// Writes the checkpoints of several shards atomically; returns the bytes written.

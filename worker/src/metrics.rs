@@ -41,6 +41,12 @@ pub struct SourceLabel {
     pub source: &'static str,
 }
 
+/// Local state found unreadable and rebuilt: the whole store, or one shard's checkpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabel {
     pub shard: u32,
@@ -61,6 +67,7 @@ pub struct WorkerMetrics {
     pub owned_shards: Gauge,
     pub snapshots_published: Counter,
     pub shard_restores: Family<SourceLabel, Counter>,
+    pub corrupt_state: Family<StateLabel, Counter>,
     pub kafka_errors: Counter,
 }
 
@@ -81,6 +88,7 @@ impl Default for WorkerMetrics {
             owned_shards: Gauge::default(),
             snapshots_published: Counter::default(),
             shard_restores: Family::default(),
+            corrupt_state: Family::default(),
             kafka_errors: Counter::default(),
             registry: Registry::default(),
         };
@@ -88,6 +96,9 @@ impl Default for WorkerMetrics {
             let _ = m.shard_restores.get_or_create(&SourceLabel {
                 source: source.as_str(),
             });
+        }
+        for state in ["store", "checkpoint"] {
+            let _ = m.corrupt_state.get_or_create(&StateLabel { state });
         }
         for reason in RejectReason::ALL {
             // Every reason is exported from the start, at zero.
@@ -105,6 +116,11 @@ impl Default for WorkerMetrics {
             "shard_restores",
             "Shards taken by this worker, by where their state came from (local checkpoint, handoff snapshot, or the input from its start)",
             m.shard_restores.clone(),
+        );
+        registry.register(
+            "corrupt_state",
+            "Local state found unreadable and rebuilt from the handoff snapshots and the input: the checkpoint store (set aside as checkpoints.corrupt) or one shard's checkpoint",
+            m.corrupt_state.clone(),
         );
         registry.register(
             "summaries_published",

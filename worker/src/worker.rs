@@ -29,7 +29,7 @@ use topk_engine::{EngineConfig, ShardSummary};
 use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::error::Error;
 use crate::handoff;
-use crate::metrics::{RestoreSource, ShardLabel, SourceLabel, WorkerMetrics};
+use crate::metrics::{RestoreSource, ShardLabel, SourceLabel, StateLabel, WorkerMetrics};
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::output::{DeliveryCounter, send};
 
@@ -379,6 +379,13 @@ impl Worker {
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
             .create()?;
+        if store.set_aside().is_some() {
+            health
+                .metrics
+                .corrupt_state
+                .get_or_create(&StateLabel { state: "store" })
+                .inc();
+        }
         Ok(Self {
             sink: Sink {
                 settings,
@@ -719,7 +726,22 @@ impl Worker {
     /// owner's release snapshot; if that owner is gone, an older snapshot (replayed from its
     /// offset) is just as exact, only slower.
     fn restore(&self, shard: u32, epoch: u64) -> Result<Owned, Error> {
-        let local = self.store.load(shard)?;
+        let local = match self.store.load(shard) {
+            Err(Error::Decode(err)) => {
+                // Rebuilt like a lost one: from the handoff snapshot, else the input.
+                tracing::error!(shard, %err, "local checkpoint unreadable; restoring without it");
+                self.sink
+                    .health
+                    .metrics
+                    .corrupt_state
+                    .get_or_create(&StateLabel {
+                        state: "checkpoint",
+                    })
+                    .inc();
+                None
+            }
+            other => other?,
+        };
         let topic = &self.sink.settings.topics.snapshots;
         let deadline = Instant::now() + self.sink.settings.handoff_wait;
         let remote = loop {

@@ -128,7 +128,7 @@ impl Drop for Process {
 }
 
 /// A reducer and the means to start the two workers, one shard each (epoch 1), on the
-/// rendered `config`.
+/// rendered `config`; each process has its state dir under `dir`.
 pub struct Stack {
     dir: PathBuf,
     pub config: String,
@@ -146,16 +146,7 @@ impl Stack {
         std::fs::write(&assignment, table.to_string()).expect("assignment");
         let config = config.to_str().expect("utf-8 path").to_owned();
         let assignment = assignment.to_str().expect("utf-8 path").to_owned();
-        let reducer_state = dir.join("reducer");
-        let reducer = spawn(&[
-            "reducer",
-            "--config",
-            &config,
-            "--assignment-file",
-            &assignment,
-            "--state-dir",
-            reducer_state.to_str().expect("utf-8 path"),
-        ]);
+        let reducer = Self::spawn_reducer(dir, &config, &assignment);
         Self {
             dir: dir.to_owned(),
             config,
@@ -164,15 +155,57 @@ impl Stack {
         }
     }
 
-    pub fn worker(&self, ordinal: u32) -> Process {
+    fn spawn_reducer(dir: &Path, config: &str, assignment: &str) -> Server {
+        let state = dir.join("reducer");
+        spawn(&[
+            "reducer",
+            "--config",
+            config,
+            "--assignment-file",
+            assignment,
+            "--state-dir",
+            state.to_str().expect("utf-8 path"),
+        ])
+    }
+
+    /// SIGKILLs the reducer and starts it again on the same state.
+    pub fn restart_reducer(&mut self) {
+        let _ = self.reducer.child.kill();
+        let _ = self.reducer.child.wait();
+        self.reducer = Self::spawn_reducer(&self.dir, &self.config, &self.assignment);
+    }
+
+    /// The reducer's ranking store (a RocksDB directory).
+    pub fn reducer_store(&self) -> PathBuf {
+        self.dir.join("reducer").join("rankings")
+    }
+
+    /// Worker `ordinal`'s checkpoint store (a RocksDB directory).
+    pub fn worker_store(&self, ordinal: u32) -> PathBuf {
+        self.dir
+            .join(format!("worker-{ordinal}"))
+            .join("checkpoints")
+    }
+
+    fn worker_args(&self, ordinal: u32) -> Vec<String> {
         let state = self.dir.join(format!("worker-{ordinal}"));
+        vec![
+            "worker".into(),
+            "--config".into(),
+            self.config.clone(),
+            "--ordinal".into(),
+            ordinal.to_string(),
+            "--assignment-file".into(),
+            self.assignment.clone(),
+            "--state-dir".into(),
+            state.to_str().expect("utf-8 path").to_owned(),
+        ]
+    }
+
+    pub fn worker(&self, ordinal: u32) -> Process {
         Process(
             topk()
-                .args(["worker", "--config", &self.config])
-                .args(["--ordinal", &ordinal.to_string()])
-                .args(["--assignment-file", &self.assignment])
-                .arg("--state-dir")
-                .arg(state)
+                .args(self.worker_args(ordinal))
                 .args(["--listen", "127.0.0.1:0"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -180,5 +213,12 @@ impl Stack {
                 .spawn()
                 .expect("start topk worker"),
         )
+    }
+
+    /// [`Self::worker`] with its HTTP address (its log is not shown).
+    pub fn served_worker(&self, ordinal: u32) -> Server {
+        let args = self.worker_args(ordinal);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        spawn(&args)
     }
 }
