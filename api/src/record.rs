@@ -252,6 +252,10 @@ pub struct ExactHourManifest {
     pub metric: String,
     /// Start of the hour (RFC 3339); the hour is `[hour, hour + 1h)` in event time.
     pub hour: String,
+    /// Names the recount run that wrote this manifest and its chunks; a reader takes a chunk
+    /// only from the same run, so two runs of one hour writing at once never mix.
+    #[serde(default)]
+    pub run_id: String,
     pub chunks: u32,
     /// Events read from the input offsets covering the hour plus its grace.
     pub events_read: u64,
@@ -288,6 +292,9 @@ pub struct ScopedCount {
 #[serde(rename_all = "camelCase")]
 pub struct ExactHourChunk {
     pub hour: String,
+    /// The run of its manifest ([`ExactHourManifest::run_id`]).
+    #[serde(default)]
+    pub run_id: String,
     pub chunk: u32,
     pub counts: Vec<ScopedCount>,
 }

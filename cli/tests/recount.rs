@@ -55,6 +55,7 @@ fn read_hour(
         let chunk: ExactHourChunk =
             serde_json::from_slice(&latest[&exact_hour_key(hour, Some(n))]).expect("chunk");
         assert_eq!(chunk.chunk, n);
+        assert_eq!(chunk.run_id, manifest.run_id, "chunk {n} of another run");
         for c in chunk.counts {
             assert!(
                 counts.insert((c.scope, c.key), c.count).is_none(),

@@ -247,6 +247,7 @@ async fn recount_jobs_cover_closed_hours_retry_failures_and_advance_exact_until(
     let summary = ExactHourManifest {
         metric: "views".into(),
         hour: at(hour(2)).to_string(),
+        run_id: "run-1".into(),
         chunks: 1,
         events_read: 700,
         counted: 600,

@@ -154,6 +154,7 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     let mut manifest = ExactHourManifest {
         metric: settings.metric.clone(),
         hour: hour.clone(),
+        run_id: run_id(),
         chunks: 0,
         events_read: 0,
         counted: 0,
@@ -289,6 +290,15 @@ fn count_one(
     Ok(())
 }
 
+/// A name for this run: its pod (a retried Job's pods differ), start time and process.
+fn run_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_default();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{host}-{started:x}-{}", std::process::id())
+}
+
 fn producer(settings: &RecountSettings) -> Result<ThreadedProducer<DeliveryCounter>, Error> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", &settings.bootstrap)
@@ -308,6 +318,7 @@ fn publish(
     let topic = &settings.topics.exact_hours;
     let mut chunk = ExactHourChunk {
         hour: hour.to_owned(),
+        run_id: manifest.run_id.clone(),
         chunk: 0,
         counts: Vec::new(),
     };

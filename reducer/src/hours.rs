@@ -244,10 +244,13 @@ impl Hours {
                     reason: format!("chunk {n} of {} is missing", manifest.chunks),
                 })?;
             let chunk: ExactHourChunk = serde_json::from_slice(&bytes)?;
-            if chunk.hour != manifest.hour || chunk.chunk != n {
+            if chunk.hour != manifest.hour || chunk.chunk != n || chunk.run_id != manifest.run_id {
                 return Err(Error::IncompleteHour {
                     hour: manifest.hour.clone(),
-                    reason: format!("chunk {n} belongs to {} #{}", chunk.hour, chunk.chunk),
+                    reason: format!(
+                        "chunk {n} belongs to {} #{} of run {:?}, not run {:?}",
+                        chunk.hour, chunk.chunk, chunk.run_id, manifest.run_id
+                    ),
                 });
             }
             let mut per_scope: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
@@ -416,5 +419,63 @@ impl Hours {
         }
         self.detail_from = before_ms;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topk_api::record::ScopedCount;
+
+    const HOUR: &str = "1970-01-01T00:00:00Z";
+
+    fn manifest(run: &str, chunks: u32) -> ExactHourManifest {
+        ExactHourManifest {
+            metric: "m".into(),
+            hour: HOUR.into(),
+            run_id: run.into(),
+            chunks,
+            events_read: 2,
+            counted: 2,
+            duplicates: 0,
+            outside_hour: 0,
+            rejected: BTreeMap::new(),
+            keys: 2,
+            config_version: "c".into(),
+            grace_ms: 0,
+            max_in_memory: 0,
+            duration_ms: 0,
+        }
+    }
+
+    fn chunk(run: &str, n: u32, key: &str) -> Vec<u8> {
+        serde_json::to_vec(&ExactHourChunk {
+            hour: HOUR.into(),
+            run_id: run.into(),
+            chunk: n,
+            counts: vec![ScopedCount {
+                scope: String::new(),
+                key: key.into(),
+                count: 1,
+            }],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_chunk_left_by_another_run_of_the_hour_is_never_mixed_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(RankingStore::open(dir.path(), "m").unwrap());
+        let mut hours = Hours::load(store, 10).unwrap();
+        hours.stage_chunk(0, 0, &chunk("a", 0, "x")).unwrap();
+        hours.stage_chunk(0, 1, &chunk("b", 1, "y")).unwrap();
+        let err = hours.ingest(0, &manifest("a", 2), 5).unwrap_err();
+        assert!(matches!(err, Error::IncompleteHour { .. }), "{err}");
+        assert!(!hours.is_exact(0));
+        // Its own chunk arrives: the hour is whole.
+        hours.stage_chunk(0, 1, &chunk("a", 1, "y")).unwrap();
+        hours.ingest(0, &manifest("a", 2), 6).unwrap();
+        assert!(hours.is_exact(0));
+        assert_eq!(hours.exact_count(0, "", "y").unwrap(), 1);
     }
 }
