@@ -271,13 +271,28 @@ fn reducer_merges_fences_serves_and_recovers() {
         "{metrics}"
     );
 
-    // A fenced-off owner of shard 1 (epoch 0) reports; then the real one, with a denied key.
+    // Garbage lands in the topic, a fenced-off owner of shard 1 (epoch 0) reports; then the
+    // real one, with a denied key.
+    for garbage in [&b"\xff\xfe not json"[..], b"{\"summary\": 7}", b""] {
+        producer
+            .send(
+                BaseRecord::to(&topics.summaries)
+                    .key("plays")
+                    .payload(garbage),
+            )
+            .expect("enqueue");
+    }
     send(&[
         summary(1, 0, e2, &[("POISON", 1_000)]),
         summary(1, 1, e2, &[("banned", 50), ("d", 3)]),
     ]);
     let v2 = await_list(&base, "the second list", |l| l["version"] == 2);
     assert_eq!(keys(&v2), [("d".into(), 3), ("a".into(), 1)]);
+    let (_, _, metrics) = get(&format!("{base}/metrics"), None);
+    assert!(
+        metrics.contains("topk_reducer_unreadable_summaries_total 3"),
+        "{metrics}"
+    );
     assert_eq!(v2["stale"], false);
     // The gauge follows the shard back (it is written on changes only).
     await_metrics(
