@@ -18,7 +18,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
 use topk_api::topics::TopicNames;
 use topk_engine::partition::{message_key, shard_for};
 use topk_testenv::{
@@ -692,4 +695,102 @@ async fn a_broker_crash_mid_stream_loses_nothing() {
         worker.child.try_wait().expect("worker status").is_none(),
         "the worker survived the broker restart"
     );
+}
+
+/// The high watermark of every partition of `topic`, summed.
+fn end_offsets(kafka: &ClientConfig, topic: &str) -> i64 {
+    let consumer = topk_testenv::reading_consumer(kafka, "ends");
+    (0..SHARDS as i32)
+        .map(|p| {
+            rdkafka::consumer::Consumer::fetch_watermarks(
+                &consumer,
+                topic,
+                p,
+                Duration::from_secs(10),
+            )
+            .expect("watermarks")
+            .1
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn input_lost_to_retention_or_a_recreated_topic_is_counted_and_counting_goes_on() {
+    let Some(env) = TestEnv::get("worker across input gaps") else {
+        return;
+    };
+    let kafka = env.kafka_config();
+    let fixture = Fixture::new(&env, "gaps").await;
+    let admin: AdminClient<DefaultClientContext> = kafka.create().expect("admin");
+    let mut input = Input::new(&kafka, &fixture.input);
+    input.produce(3_000);
+    let worker = fixture.serve_all_shards();
+    await_all_counted(&kafka, &fixture.topics, &input).await;
+    drop(worker);
+
+    // While the worker is down, events arrive and retention deletes them unread.
+    let counted = input.oracle.clone();
+    let read_to = end_offsets(&kafka, &fixture.input);
+    input.produce(1_000);
+    let mut everything = TopicPartitionList::new();
+    for p in 0..SHARDS as i32 {
+        everything
+            .add_partition_offset(&fixture.input, p, Offset::End)
+            .expect("offset");
+    }
+    admin
+        .delete_records(&everything, &AdminOptions::new())
+        .await
+        .expect("delete records");
+    let deleted = end_offsets(&kafka, &fixture.input) - read_to;
+    input.oracle = counted;
+    input.produce(500);
+    let (worker, page) = restart_exact(&fixture, &kafka, &input, "expired").await;
+    let lost = metric(&page, "topk_worker_input_offsets_lost_total").expect("lost offsets");
+    assert!(lost >= deleted as f64, "{lost} lost, {deleted} deleted");
+    drop(worker);
+
+    // The topic is deleted and created again: its offsets start over below the saved ones.
+    // The worker keeps what it counted and counts the new partitions from their start.
+    admin
+        .delete_topics(&[&fixture.input], &AdminOptions::new())
+        .await
+        .expect("delete the input topic");
+    await_some("the input topic re-created", WAIT, || async {
+        let topic = NewTopic::new(&fixture.input, SHARDS as i32, TopicReplication::Fixed(1))
+            .set("max.message.bytes", "4194304");
+        let created = admin.create_topics([&topic], &AdminOptions::new()).await;
+        created.ok()?.into_iter().next()?.ok()
+    })
+    .await;
+    let counted = input.oracle.clone();
+    let mut input = Input::new(&kafka, &fixture.input);
+    input.oracle = counted;
+    input.produce(300);
+    restart_exact(&fixture, &kafka, &input, "beyond_end").await;
+}
+
+/// Starts the worker on every shard, awaits the oracle's counts and checks that each shard
+/// met one input gap of `kind`; returns the worker and its metrics page.
+async fn restart_exact(
+    fixture: &Fixture,
+    kafka: &ClientConfig,
+    input: &Input,
+    kind: &str,
+) -> (common::Server, String) {
+    let worker = fixture.serve_all_shards();
+    let (_, last) = await_all_counted(kafka, &fixture.topics, input).await;
+    for shard in 0..SHARDS {
+        assert_eq!(counts(&last[&shard]), input.shard_counts(shard));
+    }
+    let (_, page) = common::get(&format!("{}/metrics", worker.base));
+    assert_eq!(
+        metric(
+            &page,
+            &format!(r#"topk_worker_input_gaps_total{{kind="{kind}"}}"#)
+        ),
+        Some(f64::from(SHARDS)),
+        "{page}"
+    );
+    (worker, page)
 }

@@ -231,6 +231,13 @@ impl InputMessage<'_> {
         self.raw().partition
     }
 
+    /// Whether this is the error librdkafka reports, under `auto.offset.reset=error`, for a
+    /// partition whose requested offset is outside its retained range; fetching the partition
+    /// then waits for a new offset.
+    pub fn is_offset_out_of_range(&self) -> bool {
+        self.raw().err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET
+    }
+
     pub fn offset(&self) -> i64 {
         self.raw().offset
     }

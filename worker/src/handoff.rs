@@ -1,10 +1,14 @@
 //! Shard snapshots on the compacted handoff topic, so that a worker gaining a shard starts
 //! from its previous owner's state instead of from the beginning of the input.
 //!
-//! Shard N's snapshots live on partition N. A snapshot is split into chunks under keys
-//! `N/0`, `N/1`, ... (Kafka's default message limit is 1 MB) and completed by a manifest under
-//! key `N`, written last: compaction keeps the latest value of every key, and a reader trusts
-//! only chunks carrying the manifest's snapshot id, so a half-written snapshot is never read.
+//! Shard N's snapshots live on partition N. A snapshot is split into chunks (Kafka's default
+//! message limit is 1 MB) under keys `N/ID/0`, `N/ID/1`, ..., its id unique to the
+//! publication, and completed by a manifest under key `N@EPOCH`, written last. So a
+//! publication cut short never touches the snapshot in force (its chunks are under another
+//! id), and an owner of an older epoch, still running after the shard moved, writes only its
+//! own epoch's manifest: a reader takes the newest epoch's complete snapshot. Once a manifest
+//! is acknowledged, the chunks of the snapshot it replaces are deleted (tombstones), so
+//! compaction keeps about one snapshot per shard and epoch.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Error;
-use topk_runtime::output::{ChunkedWrite, DeliveryCounter};
+use topk_runtime::output::{ChunkedWrite, DeliveryCounter, send};
 
 const CHUNK_BYTES: usize = 512 * 1024;
 const SNAPSHOT_ID: &str = "snapshot-id";
@@ -41,22 +45,51 @@ pub struct Handoff {
     pub checkpoint: Checkpoint,
     /// The previous owner's final state (sent on release), not a periodic one.
     pub released: bool,
+    /// Where it is on the topic: what the next publication for the shard replaces.
+    pub published: Published,
+}
+
+/// A snapshot on the topic: its id and chunk count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    id: String,
+    chunks: usize,
+}
+
+impl Published {
+    pub fn chunks(&self) -> usize {
+        self.chunks
+    }
+}
+
+fn chunk_key(shard: u32, id: &str, chunk: usize) -> String {
+    format!("{shard}/{id}/{chunk}")
+}
+
+fn manifest_key(shard: u32, epoch: u64) -> String {
+    format!("{shard}@{epoch}")
 }
 
 /// Sends `cp` to partition `cp.shard` of `topic`, chunks first, manifest last once the chunks
 /// are acknowledged; `released` marks the final snapshot of an owner letting the shard go.
+/// Then deletes the chunks of `replaces`, the snapshot this one supersedes.
 pub fn publish(
     producer: &ThreadedProducer<DeliveryCounter>,
     topic: &str,
     cp: &Checkpoint,
     released: bool,
-) -> Result<(), Error> {
+    replaces: Option<&Published>,
+) -> Result<Published, Error> {
     let bytes = cp.encode()?;
-    let id = format!("{}-{}-{}", cp.shard, cp.epoch, cp.next_offset);
+    // Unique per publication, so that no write ever lands on the chunks of another.
+    let written_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let id = format!("{}-{}-{written_ms:x}", cp.epoch, cp.next_offset);
     let partition = cp.shard as i32;
     let mut write = ChunkedWrite::new(producer, TIMEOUT);
     for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
-        let key = format!("{}/{i}", cp.shard);
+        let key = chunk_key(cp.shard, &id, i);
         let headers = OwnedHeaders::new().insert(Header {
             key: SNAPSHOT_ID,
             value: Some(id.as_bytes()),
@@ -69,26 +102,40 @@ pub fn publish(
                 .headers(headers),
         )?;
     }
+    let chunks = write.chunks() as usize;
     let manifest = serde_json::to_vec(&Manifest {
-        snapshot_id: id,
-        chunks: write.chunks() as usize,
+        snapshot_id: id.clone(),
+        chunks,
         epoch: cp.epoch,
         next_offset: cp.next_offset,
         released,
     })
     .map_err(|e| Error::Encode(e.to_string()))?;
-    let key = cp.shard.to_string();
+    let key = manifest_key(cp.shard, cp.epoch);
     write.finish(
         BaseRecord::to(topic)
             .partition(partition)
             .key(key.as_bytes())
             .payload(&manifest),
     )?;
-    Ok(())
+    // Acknowledged by the checkpoint's flush like any other output.
+    if let Some(old) = replaces.filter(|old| old.id != id) {
+        for i in 0..old.chunks {
+            let key = chunk_key(cp.shard, &old.id, i);
+            send(
+                producer,
+                BaseRecord::<[u8], [u8]>::to(topic)
+                    .partition(partition)
+                    .key(key.as_bytes()),
+            )?;
+        }
+    }
+    Ok(Published { id, chunks })
 }
 
 /// The newest complete snapshot of `shard`, if any, read with `consumer` (a reader the
-/// worker keeps for this; each call reassigns it).
+/// worker keeps for this; each call reassigns it): of the highest epoch whose manifest names
+/// chunks that are all there.
 pub fn fetch_latest(
     consumer: &BaseConsumer,
     topic: &str,
@@ -102,7 +149,7 @@ pub fn fetch_latest(
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(low))?;
     consumer.assign(&tpl)?;
-    // Latest value (and snapshot id header) per key.
+    // Latest value (and snapshot id header) per key; a tombstone removes its key.
     let mut latest: HashMap<Vec<u8>, (Option<String>, Vec<u8>)> = HashMap::new();
     let mut next = low;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -118,40 +165,71 @@ pub fn fetch_latest(
         let msg = result?;
         next = msg.offset() + 1;
         let Some(key) = msg.key() else { continue };
+        let Some(payload) = msg.payload() else {
+            latest.remove(key);
+            continue;
+        };
         let id = msg.headers().and_then(|h| {
             h.iter()
                 .find(|h| h.key == SNAPSHOT_ID)
                 .and_then(|h| h.value)
                 .map(|v| String::from_utf8_lossy(v).into_owned())
         });
-        latest.insert(
-            key.to_vec(),
-            (id, msg.payload().unwrap_or_default().to_vec()),
-        );
+        latest.insert(key.to_vec(), (id, payload.to_vec()));
     }
-    let Some((_, manifest)) = latest.get(shard.to_string().as_bytes()) else {
-        return Ok(None);
-    };
-    let manifest: Manifest =
-        serde_json::from_slice(manifest).map_err(|e| Error::Decode(e.to_string()))?;
+    let prefix = format!("{shard}@");
+    let mut manifests: Vec<Manifest> = latest
+        .iter()
+        .filter(|(key, _)| key.starts_with(prefix.as_bytes()))
+        .filter_map(|(_, (_, value))| match serde_json::from_slice(value) {
+            Ok(manifest) => Some(manifest),
+            Err(err) => {
+                tracing::warn!(shard, %err, "unreadable snapshot manifest on {topic}; ignoring it");
+                None
+            }
+        })
+        .collect();
+    manifests.sort_by_key(|m| std::cmp::Reverse(m.epoch));
+    for manifest in manifests {
+        let decoded = assemble(&latest, shard, &manifest)
+            .ok_or_else(|| "incomplete".to_owned())
+            .and_then(|bytes| Checkpoint::decode(&bytes).map_err(|e| e.to_string()));
+        match decoded {
+            Ok(checkpoint) => {
+                return Ok(Some(Handoff {
+                    checkpoint,
+                    released: manifest.released,
+                    published: Published {
+                        id: manifest.snapshot_id,
+                        chunks: manifest.chunks,
+                    },
+                }));
+            }
+            Err(why) => tracing::warn!(
+                shard,
+                epoch = manifest.epoch,
+                "snapshot {} on {topic} is not usable ({why}); trying an older epoch's",
+                manifest.snapshot_id
+            ),
+        }
+    }
+    Ok(None)
+}
+
+/// The snapshot `manifest` names, if every chunk of it is there.
+fn assemble(
+    latest: &HashMap<Vec<u8>, (Option<String>, Vec<u8>)>,
+    shard: u32,
+    manifest: &Manifest,
+) -> Option<Vec<u8>> {
     let mut bytes = Vec::new();
     for i in 0..manifest.chunks {
-        match latest.get(format!("{shard}/{i}").as_bytes()) {
+        match latest.get(chunk_key(shard, &manifest.snapshot_id, i).as_bytes()) {
             Some((Some(id), chunk)) if *id == manifest.snapshot_id => {
                 bytes.extend_from_slice(chunk)
             }
-            _ => {
-                tracing::warn!(
-                    shard,
-                    "snapshot {} is incomplete on {topic}; ignoring it",
-                    manifest.snapshot_id
-                );
-                return Ok(None);
-            }
+            _ => return None,
         }
     }
-    Ok(Some(Handoff {
-        checkpoint: Checkpoint::decode(&bytes)?,
-        released: manifest.released,
-    }))
+    Some(bytes)
 }

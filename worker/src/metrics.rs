@@ -41,6 +41,12 @@ pub struct SourceLabel {
     pub source: &'static str,
 }
 
+/// How a shard's next offset fell outside its partition (see `InputPosition`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
 /// Local state found unreadable and rebuilt: the whole store, or one shard's checkpoint.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -68,6 +74,8 @@ pub struct WorkerMetrics {
     pub snapshots_published: Counter,
     pub shard_restores: Family<SourceLabel, Counter>,
     pub corrupt_state: Family<StateLabel, Counter>,
+    pub input_gaps: Family<KindLabel, Counter>,
+    pub input_offsets_lost: Counter,
     pub kafka_errors: Counter,
 }
 
@@ -89,6 +97,8 @@ impl Default for WorkerMetrics {
             snapshots_published: Counter::default(),
             shard_restores: Family::default(),
             corrupt_state: Family::default(),
+            input_gaps: Family::default(),
+            input_offsets_lost: Counter::default(),
             kafka_errors: Counter::default(),
             registry: Registry::default(),
         };
@@ -96,6 +106,9 @@ impl Default for WorkerMetrics {
             let _ = m.shard_restores.get_or_create(&SourceLabel {
                 source: source.as_str(),
             });
+        }
+        for kind in ["expired", "beyond_end"] {
+            let _ = m.input_gaps.get_or_create(&KindLabel { kind });
         }
         for state in ["store", "checkpoint"] {
             let _ = m.corrupt_state.get_or_create(&StateLabel { state });
@@ -116,6 +129,16 @@ impl Default for WorkerMetrics {
             "shard_restores",
             "Shards taken by this worker, by where their state came from (local checkpoint, handoff snapshot, or the input from its start)",
             m.shard_restores.clone(),
+        );
+        registry.register(
+            "input_gaps",
+            "Times a shard's next input offset was outside its partition: expired (deleted by retention before it was read) or beyond_end (the partition was re-created or truncated); the shard then resumes at the oldest retained offset",
+            m.input_gaps.clone(),
+        );
+        registry.register(
+            "input_offsets_lost",
+            "Input offsets deleted by retention before this worker read them",
+            m.input_offsets_lost.clone(),
         );
         registry.register(
             "corrupt_state",

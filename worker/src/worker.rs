@@ -28,8 +28,10 @@ use topk_engine::{EngineConfig, ShardSummary};
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::error::Error;
-use crate::handoff;
-use crate::metrics::{RestoreSource, ShardLabel, SourceLabel, StateLabel, WorkerMetrics};
+use crate::handoff::{self, Published};
+use crate::metrics::{
+    KindLabel, RestoreSource, ShardLabel, SourceLabel, StateLabel, WorkerMetrics,
+};
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::output::{DeliveryCounter, send};
 
@@ -69,6 +71,8 @@ struct Owned {
     /// Summaries made by an idle advance: checkpointed before they are sent (see
     /// [`Checkpoint::outbox`]).
     outbox: Vec<Vec<u8>>,
+    /// The shard's newest snapshot on the handoff topic, which the next one replaces.
+    published: Option<Published>,
 }
 
 /// State shared with the HTTP endpoints.
@@ -108,6 +112,44 @@ struct Batch {
     polled: u32,
     /// Messages that were new input.
     new: u64,
+    /// Shards whose next offset the broker no longer (or does not yet) hold.
+    out_of_range: Vec<u32>,
+}
+
+/// Where a shard's next offset stands against its partition's retained offsets
+/// `[low, high)`, and so where it resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputPosition {
+    /// Retained (or the end): resume there.
+    Retained,
+    /// Older than the oldest retained offset: `lost` offsets were deleted by retention before
+    /// they were read. Resume at `low`.
+    Expired { lost: i64 },
+    /// Past the partition's end: the partition was re-created or truncated since the state
+    /// was saved. The state keeps what it counted; resume at `low`, the new partition's start.
+    BeyondEnd,
+}
+
+impl InputPosition {
+    pub fn of(next_offset: i64, low: i64, high: i64) -> Self {
+        if next_offset < low {
+            Self::Expired {
+                lost: low - next_offset,
+            }
+        } else if next_offset > high {
+            Self::BeyondEnd
+        } else {
+            Self::Retained
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Retained => "retained",
+            Self::Expired { .. } => "expired",
+            Self::BeyondEnd => "beyond_end",
+        }
+    }
 }
 
 /// The event of a message of an owned shard, parsed before its turn, with its key's record
@@ -151,11 +193,16 @@ impl Sink {
             });
         std::hint::black_box(touched);
         let mut new = 0;
+        let mut out_of_range = Vec::new();
         // Each message is parsed one step before its turn and its key's record prefetched, so
         // that the cache miss on the record overlaps counting the message before it.
         let mut next = parse_ahead(messages.first(), owned);
         for (at, msg) in messages.iter().enumerate() {
             let parsed = std::mem::replace(&mut next, parse_ahead(messages.get(at + 1), owned));
+            if msg.is_offset_out_of_range() {
+                out_of_range.push(msg.partition() as u32);
+                continue;
+            }
             if let Some(err) = msg.error() {
                 self.health.metrics.kafka_errors.inc();
                 tracing::warn!(%err, "consumer error");
@@ -163,7 +210,11 @@ impl Sink {
             }
             new += u64::from(self.handle(msg, parsed, now_ms, owned, summaries)?);
         }
-        Ok(Batch { polled, new })
+        Ok(Batch {
+            polled,
+            new,
+            out_of_range,
+        })
     }
 
     /// Counts one input message (or dead-letters it) and sends the summaries it completes.
@@ -246,15 +297,21 @@ impl Sink {
     }
 
     /// Sends a shard's snapshot to the handoff topic and waits until the broker has it.
-    fn publish_snapshot(&self, cp: &Checkpoint, released: bool) -> Result<(), Error> {
-        handoff::publish(
+    fn publish_snapshot(
+        &self,
+        cp: &Checkpoint,
+        released: bool,
+        replaces: Option<&Published>,
+    ) -> Result<Published, Error> {
+        let published = handoff::publish(
             &self.producer,
             &self.settings.topics.snapshots,
             cp,
             released,
+            replaces,
         )?;
         self.health.metrics.snapshots_published.inc();
-        Ok(())
+        Ok(published)
     }
 
     /// Sends (and empties) `summaries`, which reflect input up to `input_offset`.
@@ -352,7 +409,7 @@ impl Worker {
             .set("group.id", format!("topk-{}-worker", settings.name))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
+            .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false")
             // With a full local queue librdkafka pauses fetching for this long (1 s by
             // default); a worker that drains its queue faster than that sat idle in `poll`.
@@ -434,6 +491,9 @@ impl Worker {
                 )?;
                 since_housekeeping += batch.polled;
                 read += batch.new;
+                if !batch.out_of_range.is_empty() {
+                    self.resume_out_of_range(&batch.out_of_range)?;
+                }
                 batch.polled == 0
             };
             if !idle && since_housekeeping < HOUSEKEEPING_EVERY {
@@ -630,7 +690,13 @@ impl Worker {
     fn publish_snapshots(&mut self) -> Result<(), Error> {
         self.checkpoint()?;
         for cp in self.checkpoints() {
-            self.sink.publish_snapshot(&cp, false)?;
+            let Some(owned) = self.owned.get_mut(&cp.shard) else {
+                continue;
+            };
+            let published = self
+                .sink
+                .publish_snapshot(&cp, false, owned.published.as_ref())?;
+            owned.published = Some(published);
         }
         self.last_snapshot = Instant::now();
         Ok(())
@@ -665,7 +731,8 @@ impl Worker {
             self.checkpoint()?;
             for cp in self.checkpoints() {
                 if released.contains(&cp.shard) {
-                    self.sink.publish_snapshot(&cp, true)?;
+                    let replaces = self.owned.get(&cp.shard).and_then(|o| o.published.as_ref());
+                    self.sink.publish_snapshot(&cp, true, replaces)?;
                 }
             }
             for shard in &released {
@@ -688,15 +755,7 @@ impl Worker {
             tracing::info!(shard, epoch, next_offset = owned.next_offset, "acquired");
             self.owned.insert(shard, owned);
         }
-        let mut tpl = TopicPartitionList::new();
-        for (shard, owned) in &self.owned {
-            tpl.add_partition_offset(
-                &self.sink.settings.input_topic,
-                *shard as i32,
-                Offset::Offset(owned.next_offset),
-            )?;
-        }
-        self.input.consumer().assign(&tpl)?;
+        self.assign_owned()?;
         // Idle summaries a crash kept from being sent go out now (the same records again).
         self.send_outboxes()?;
         self.sink
@@ -718,6 +777,77 @@ impl Worker {
             "assignment applied"
         );
         Ok(())
+    }
+
+    /// Has the consumer read every owned shard from its next offset.
+    fn assign_owned(&self) -> Result<(), Error> {
+        let mut tpl = TopicPartitionList::new();
+        for (shard, owned) in &self.owned {
+            tpl.add_partition_offset(
+                &self.sink.settings.input_topic,
+                *shard as i32,
+                Offset::Offset(owned.next_offset),
+            )?;
+        }
+        self.input.consumer().assign(&tpl)?;
+        Ok(())
+    }
+
+    /// Where a shard resumes from `next_offset`: there if the partition still holds it, else
+    /// from the partition's oldest offset, counted and logged as the gap it is.
+    fn resume_offset(&self, shard: u32, next_offset: i64) -> Result<i64, Error> {
+        let watermarks = self.input.consumer().fetch_watermarks(
+            &self.sink.settings.input_topic,
+            shard as i32,
+            Duration::from_secs(10),
+        );
+        let (low, high) = match watermarks {
+            Ok(range) => range,
+            Err(err) => {
+                // Checked again by the broker itself: an offset out of range comes back as
+                // an error message, handled by `resume_out_of_range`.
+                tracing::warn!(shard, %err, "cannot read the partition's offsets; resuming as saved");
+                return Ok(next_offset);
+            }
+        };
+        let position = InputPosition::of(next_offset, low, high);
+        if position == InputPosition::Retained {
+            return Ok(next_offset);
+        }
+        let metrics = &self.sink.health.metrics;
+        metrics
+            .input_gaps
+            .get_or_create(&KindLabel {
+                kind: position.as_str(),
+            })
+            .inc();
+        if let InputPosition::Expired { lost } = position {
+            metrics.input_offsets_lost.inc_by(lost as u64);
+        }
+        tracing::error!(
+            shard,
+            next_offset,
+            low,
+            high,
+            position = position.as_str(),
+            "the shard's next offset is outside its partition; resuming at the oldest retained offset"
+        );
+        Ok(low)
+    }
+
+    /// Moves shards whose offset the broker reported out of range to where
+    /// [`Self::resume_offset`] says, and reads them again.
+    fn resume_out_of_range(&mut self, shards: &[u32]) -> Result<(), Error> {
+        for shard in shards {
+            let Some(next_offset) = self.owned.get(shard).map(|o| o.next_offset) else {
+                continue;
+            };
+            let resume = self.resume_offset(*shard, next_offset)?;
+            if let Some(owned) = self.owned.get_mut(shard) {
+                owned.next_offset = resume;
+            }
+        }
+        self.assign_owned()
     }
 
     /// The newest state of a shard: this worker's own checkpoint or the handoff topic's
@@ -762,13 +892,14 @@ impl Worker {
                         "no release snapshot from the previous owner; restoring the newest one found"
                     );
                 }
-                break found.map(|h| h.checkpoint);
+                break found;
             }
             std::thread::sleep(Duration::from_millis(200));
         };
+        let published = remote.as_ref().map(|h| h.published.clone());
         let newest = [
             local.map(|cp| (RestoreSource::Local, cp)),
-            remote.map(|cp| (RestoreSource::Handoff, cp)),
+            remote.map(|h| (RestoreSource::Handoff, h.checkpoint)),
         ]
         .into_iter()
         .flatten()
@@ -811,6 +942,7 @@ impl Worker {
             }
         };
         stream.set_epoch(epoch);
+        let next_offset = self.resume_offset(shard, next_offset)?;
         Ok(Owned {
             stream,
             parser: EventParser::new(self.sink.settings.engine.max_key_bytes),
@@ -819,6 +951,26 @@ impl Worker {
             last_event: Instant::now(),
             active: false,
             outbox,
+            published,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InputPosition;
+
+    #[test]
+    fn a_next_offset_outside_the_retained_range_is_named() {
+        assert_eq!(InputPosition::of(5, 0, 10), InputPosition::Retained);
+        assert_eq!(InputPosition::of(10, 0, 10), InputPosition::Retained);
+        assert_eq!(InputPosition::of(0, 0, 0), InputPosition::Retained);
+        assert_eq!(
+            InputPosition::of(3, 8, 10),
+            InputPosition::Expired { lost: 5 }
+        );
+        assert_eq!(InputPosition::of(11, 0, 10), InputPosition::BeyondEnd);
+        // A re-created, empty partition.
+        assert_eq!(InputPosition::of(500, 0, 0), InputPosition::BeyondEnd);
     }
 }
