@@ -256,6 +256,15 @@ windows:
         }
     };
     await_exact(&stack, "first");
+    let version = |stack: &common::Stack| {
+        let url = format!(
+            "{}/v1/rankings/plays?window=all&scope=region-000",
+            stack.reducer.base
+        );
+        let list: Value = serde_json::from_str(&common::get(&url).1).expect("a list");
+        list["version"].as_u64().expect("a version")
+    };
+    let before = version(&stack);
 
     // Every record the workers sent fits the budget, and the lists did need parts.
     let records = read_partition(&env.kafka_config(), &TopicNames::of(ns, &name).summaries, 0);
@@ -281,6 +290,12 @@ windows:
     stack.restart_reducer();
     let worker0 = stack.served_worker(0);
     await_exact(&stack, "rebuilt");
+    // Rebuilt lists' versions continue above the lost ones.
+    assert!(
+        version(&stack) > before,
+        "{} after {before}",
+        version(&stack)
+    );
     let (_, metrics) = common::get(&format!("{}/metrics", stack.reducer.base));
     assert!(
         metrics.contains("topk_reducer_corrupt_store_total 1"),

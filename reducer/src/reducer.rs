@@ -126,6 +126,7 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
         Ok((store, latest)) => {
             if store.set_aside().is_some() {
                 metrics.corrupt_store.inc();
+                store.rebuilt(now_ms())?;
             }
             (store, latest)
         }
@@ -134,7 +135,9 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
             tracing::error!(%err, "ranking store unreadable; setting it aside and rebuilding");
             topk_runtime::store::set_aside(&path)?;
             metrics.corrupt_store.inc();
-            readable(RankingStore::open(&path, metric)?)?
+            let (store, latest) = readable(RankingStore::open(&path, metric)?)?;
+            store.rebuilt(now_ms())?;
+            (store, latest)
         }
         Err(err) => return Err(err),
     };

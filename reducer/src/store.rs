@@ -23,6 +23,8 @@ const VERSION: u8 = b'v';
 const POINTER: u8 = b'p';
 const META: u8 = b'm';
 const RESUME_KEY: &str = "resume-offset";
+/// Versions of a store rebuilt after corruption start above this (see [`RankingStore::rebuilt`]).
+const VERSION_FLOOR_KEY: &str = "version-floor";
 
 /// Reducer bookkeeping written with the pointers it belongs to.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -237,8 +239,26 @@ impl RankingStore {
     }
 
     /// Newest stored version of one list (pointed to or not), 0 when none.
+    /// The newest stored version of a list, or the floor of a rebuilt store if higher: the
+    /// next version is one above.
     pub fn newest_version(&self, window: &str, scope: &str) -> Result<u64, Error> {
-        Ok(self.versions(window, scope)?.last().copied().unwrap_or(0))
+        let stored = self.versions(window, scope)?.last().copied().unwrap_or(0);
+        let floor = self
+            .read_i64(&Self::meta_key(VERSION_FLOOR_KEY))?
+            .unwrap_or(0);
+        Ok(stored.max(u64::try_from(floor).unwrap_or(0)))
+    }
+
+    /// Marks an empty store as the rebuild of a lost one at `now_ms`: its lists' versions
+    /// continue above that (a count of publications never gets near a Unix time in ms), so a
+    /// reader never sees a list's version go back.
+    pub fn rebuilt(&self, now_ms: i64) -> Result<(), Error> {
+        self.db.put_opt(
+            Self::meta_key(VERSION_FLOOR_KEY),
+            now_ms.to_be_bytes(),
+            &sync(),
+        )?;
+        Ok(())
     }
 
     /// Points a list back (or forward) at a stored version and returns that version.

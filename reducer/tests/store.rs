@@ -70,6 +70,10 @@ fn a_crash_before_the_pointer_moves_leaves_readers_on_the_old_version() {
     assert_eq!(store.meta(&["1h".into()]).unwrap(), meta(1_000, 7));
     // The orphan is never reused: the next version number is past it.
     assert_eq!(store.newest_version("1h", "").unwrap(), 2);
+    // A store rebuilt after corruption numbers every list above its floor.
+    store.rebuilt(1_700_000_000_000).unwrap();
+    assert_eq!(store.newest_version("1h", "").unwrap(), 1_700_000_000_000);
+    assert_eq!(store.newest_version("5m", "eu").unwrap(), 1_700_000_000_000);
     // Scopes are separate lists, whatever bytes they hold.
     let odd = record("1h", "a/b\u{0}c", 1, 1_000, "odd");
     store.write_versions(std::slice::from_ref(&odd)).unwrap();
