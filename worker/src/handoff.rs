@@ -82,10 +82,10 @@ pub fn publish(
 ) -> Result<Published, Error> {
     let bytes = cp.encode()?;
     // Unique per publication, so that no write ever lands on the chunks of another.
-    let written_ms = std::time::SystemTime::now()
+    let written_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros());
-    let id = format!("{}-{}-{written_ms:x}", cp.epoch, cp.next_offset);
+    let id = format!("{}-{}-{written_us:x}", cp.epoch, cp.next_offset);
     let partition = cp.shard as i32;
     let mut write = ChunkedWrite::new(producer, TIMEOUT);
     for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
