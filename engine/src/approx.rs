@@ -38,6 +38,10 @@ pub(crate) struct ApproxWindow {
     retained: Vec<Vec<Scored>>,
     spare: Vec<CountMinSketch>,
     closed_through: i64,
+    /// Candidate sets per scope id in the open and closed buckets, and the scopes whose last
+    /// set went since the last [`ApproxWindow::take_emptied_scopes`].
+    scope_sets: Vec<u32>,
+    emptied_scopes: Vec<u32>,
 }
 
 impl ApproxWindow {
@@ -55,6 +59,8 @@ impl ApproxWindow {
             retained: Vec::new(),
             spare: Vec::new(),
             closed_through: i64::MIN,
+            scope_sets: Vec::new(),
+            emptied_scopes: Vec::new(),
         }
     }
 
@@ -104,10 +110,31 @@ impl ApproxWindow {
         if bucket.candidates.len() <= scope {
             bucket.candidates.resize_with(scope + 1, || None);
         }
-        bucket.candidates[scope]
-            .get_or_insert_with(|| CandidateSet::new(self.capacity))
+        let set = &mut bucket.candidates[scope];
+        if set.is_none() {
+            if self.scope_sets.len() <= scope {
+                self.scope_sets.resize(scope + 1, 0);
+            }
+            self.scope_sets[scope] += 1;
+        }
+        set.get_or_insert_with(|| CandidateSet::new(self.capacity))
             .offer(hash, key, estimate);
         true
+    }
+
+    /// Whether the window holds anything of the scope: a candidate in a bucket, or a retained
+    /// one in an all-time window.
+    pub(crate) fn holds_scope(&self, scope: u32) -> bool {
+        self.scope_sets.get(scope as usize).is_some_and(|n| *n > 0)
+            || self
+                .retained
+                .get(scope as usize)
+                .is_some_and(|r| !r.is_empty())
+    }
+
+    /// Scopes whose last bucket went since the last call (some may be held again since).
+    pub(crate) fn take_emptied_scopes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.emptied_scopes)
     }
 
     pub(crate) fn close_through(&mut self, watermark_ms: i64) {
@@ -140,6 +167,14 @@ impl ApproxWindow {
     }
 
     fn recycle(&mut self, mut bucket: ApproxBucket) {
+        for (scope, set) in bucket.candidates.iter().enumerate() {
+            if set.is_some() {
+                self.scope_sets[scope] -= 1;
+                if self.scope_sets[scope] == 0 {
+                    self.emptied_scopes.push(scope as u32);
+                }
+            }
+        }
         bucket.sketch.clear();
         self.spare.push(bucket.sketch);
     }
@@ -215,26 +250,27 @@ impl ApproxWindow {
             .collect()
     }
 
-    pub(crate) fn snapshot(&self) -> WindowSnapshot {
+    /// The window's state, scope ids renumbered by `renumber` (old id to new, `None` for a
+    /// scope left out: one the window holds nothing of).
+    pub(crate) fn snapshot(&self, renumber: &[Option<u32>]) -> WindowSnapshot {
         let bucket = |b: &ApproxBucket| SnapBucket {
             idx: b.idx,
             sketch: b.sketch.to_cells(),
-            candidates: b
-                .candidates
-                .iter()
-                .map(|set| {
+            candidates: renumbered(
+                renumber,
+                b.candidates.iter().map(|set| {
                     set.iter()
                         .flat_map(|s| s.iter().map(|c| (c.hash, c.key.clone(), c.count)))
                         .collect()
-                })
-                .collect(),
+                }),
+            ),
         };
         WindowSnapshot::Approximate {
             closed_through: self.closed_through,
             window: self.window.to_cells(),
             open: self.open.iter().map(bucket).collect(),
             closed: self.closed.iter().map(bucket).collect(),
-            retained: self.retained.clone(),
+            retained: renumbered(renumber, self.retained.iter().cloned()),
         }
     }
 
@@ -283,10 +319,20 @@ impl ApproxWindow {
         self.open = open.iter().map(bucket).collect::<Result<_, _>>()?;
         self.closed = closed.iter().map(bucket).collect::<Result<_, _>>()?;
         self.retained = retained.clone();
+        self.scope_sets.clear();
+        for b in self.open.iter().chain(&self.closed) {
+            if self.scope_sets.len() < b.candidates.len() {
+                self.scope_sets.resize(b.candidates.len(), 0);
+            }
+            for (scope, set) in b.candidates.iter().enumerate() {
+                self.scope_sets[scope] += u32::from(set.is_some());
+            }
+        }
         Ok(())
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
+        let tracking = (self.scope_sets.capacity() + self.emptied_scopes.capacity()) * 4;
         let bucket = |b: &ApproxBucket| {
             b.sketch.heap_bytes()
                 + b.candidates
@@ -295,7 +341,8 @@ impl ApproxWindow {
                     .map(CandidateSet::heap_bytes)
                     .sum::<usize>()
         };
-        self.open.iter().map(bucket).sum::<usize>()
+        tracking
+            + self.open.iter().map(bucket).sum::<usize>()
             + self.closed.iter().map(bucket).sum::<usize>()
             + self.window.heap_bytes()
             + self
@@ -310,4 +357,23 @@ impl ApproxWindow {
                 .map(|s| s.1.capacity() + 40)
                 .sum::<usize>()
     }
+}
+
+/// Per-scope items moved to their new scope ids, trailing empty ones left out.
+fn renumbered<T>(renumber: &[Option<u32>], items: impl Iterator<Item = Vec<T>>) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    for (old, item) in items.enumerate() {
+        let Some(Some(new)) = renumber.get(old) else {
+            continue;
+        };
+        if item.is_empty() {
+            continue;
+        }
+        let new = *new as usize;
+        if out.len() <= new {
+            out.resize_with(new + 1, Vec::new);
+        }
+        out[new] = item;
+    }
+    out
 }

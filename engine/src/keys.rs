@@ -20,11 +20,14 @@ pub fn key_hash(scope_seed: u64, key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), scope_seed)
 }
 
+/// Scope names and ids. An expired scope's id goes on a free list and is reused, so ids stay
+/// below the number of scopes held at once; a reused id's seed follows its new name.
 #[derive(Debug, Default)]
 pub(crate) struct ScopeTable {
     ids: FxHashMap<Box<str>, u32>,
     names: Vec<Box<str>>,
     seeds: Vec<u64>,
+    free: Vec<u32>,
 }
 
 impl ScopeTable {
@@ -51,11 +54,45 @@ impl ScopeTable {
     }
 
     pub(crate) fn register(&mut self, scope: &str) -> u32 {
-        let id = self.names.len() as u32;
+        let seed = xxh3_64(scope.as_bytes());
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.names[id as usize] = scope.into();
+                self.seeds[id as usize] = seed;
+                id
+            }
+            None => {
+                self.names.push(scope.into());
+                self.seeds.push(seed);
+                (self.names.len() - 1) as u32
+            }
+        };
         self.ids.insert(scope.into(), id);
-        self.names.push(scope.into());
-        self.seeds.push(xxh3_64(scope.as_bytes()));
         id
+    }
+
+    /// Forgets a scope that holds nothing any more; the global scope is never released.
+    pub(crate) fn release(&mut self, id: u32) {
+        if id == 0 || !self.is_live(id) {
+            return;
+        }
+        let name = std::mem::take(&mut self.names[id as usize]);
+        self.ids.remove(&name);
+        self.free.push(id);
+    }
+
+    /// Only the global scope has an empty name: a released id's name is emptied.
+    pub(crate) fn is_live(&self, id: u32) -> bool {
+        id == 0
+            || self
+                .names
+                .get(id as usize)
+                .is_some_and(|name| !name.is_empty())
+    }
+
+    /// Ids of the scopes held, in id order.
+    pub(crate) fn live_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.names.len() as u32).filter(|id| self.is_live(*id))
     }
 
     pub(crate) fn name(&self, id: u32) -> &str {
@@ -66,12 +103,18 @@ impl ScopeTable {
         self.seeds[id as usize]
     }
 
-    pub(crate) fn len(&self) -> usize {
+    /// Scopes held, the global one included.
+    pub(crate) fn live(&self) -> usize {
+        self.names.len() - self.free.len()
+    }
+
+    /// Ids handed out, live or free: the size a dense per-id vector needs.
+    pub(crate) fn id_space(&self) -> usize {
         self.names.len()
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.names.iter().map(|n| n.len() + 48).sum()
+        self.names.iter().map(|n| n.len() + 48).sum::<usize>() + self.free.capacity() * 4
     }
 }
 
@@ -184,6 +227,10 @@ pub(crate) struct KeyTable {
     windows: usize,
     /// Heap bytes of the keys too long to sit in their records.
     key_bytes: usize,
+    /// Live keys per scope id, and the scopes whose last key went since the last
+    /// [`KeyTable::take_emptied_scopes`].
+    scope_keys: Vec<u32>,
+    emptied_scopes: Vec<u32>,
 }
 
 impl KeyTable {
@@ -196,6 +243,8 @@ impl KeyTable {
             more_newest: Vec::new(),
             windows: windows.max(1),
             key_bytes: 0,
+            scope_keys: Vec::new(),
+            emptied_scopes: Vec::new(),
         }
     }
 
@@ -243,6 +292,10 @@ impl KeyTable {
     pub(crate) fn insert(&mut self, hash: u64, scope: u32, key: &str) -> u32 {
         let key = KeyText::new(key);
         self.key_bytes += key.heap_bytes();
+        if self.scope_keys.len() <= scope as usize {
+            self.scope_keys.resize(scope as usize + 1, 0);
+        }
+        self.scope_keys[scope as usize] += 1;
         let record = KeyRecord {
             scope,
             refs: 0,
@@ -314,6 +367,11 @@ impl KeyTable {
     fn free(&mut self, id: u32) {
         let record = std::mem::replace(&mut self.records[id as usize], FREE_RECORD);
         self.key_bytes -= record.key.heap_bytes();
+        let held = &mut self.scope_keys[record.scope as usize];
+        *held -= 1;
+        if *held == 0 {
+            self.emptied_scopes.push(record.scope);
+        }
         if let Ok(found) = self
             .index
             .find_entry(self.hashes[id as usize], |&e| e == id)
@@ -321,6 +379,16 @@ impl KeyTable {
             found.remove();
         }
         self.free.push(id);
+    }
+
+    /// Whether any live key belongs to the scope.
+    pub(crate) fn holds_scope(&self, scope: u32) -> bool {
+        self.scope_keys.get(scope as usize).is_some_and(|n| *n > 0)
+    }
+
+    /// Scopes that lost their last key since the last call (some may have new keys since).
+    pub(crate) fn take_emptied_scopes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.emptied_scopes)
     }
 
     pub(crate) fn key(&self, id: u32) -> &str {
@@ -346,6 +414,7 @@ impl KeyTable {
             + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
             + self.more_newest.capacity() * std::mem::size_of::<NewestSlot>()
             + self.free.capacity() * 4
+            + (self.scope_keys.capacity() + self.emptied_scopes.capacity()) * 4
             + self.key_bytes
     }
 }

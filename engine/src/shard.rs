@@ -34,6 +34,7 @@ pub struct ShardCounter {
     seq: u64,
     epoch: u64,
     dropped_closed: u64,
+    expired_scopes: u64,
 }
 
 impl ShardCounter {
@@ -72,6 +73,7 @@ impl ShardCounter {
             seq: 0,
             epoch: 0,
             dropped_closed: 0,
+            expired_scopes: 0,
         }
     }
 
@@ -88,6 +90,16 @@ impl ShardCounter {
     /// window. Always zero when the caller enforces the watermark, as the pipeline does.
     pub fn dropped_closed(&self) -> u64 {
         self.dropped_closed
+    }
+
+    /// Scopes the shard holds counts of, the global scope included.
+    pub fn scopes(&self) -> usize {
+        self.scopes.live()
+    }
+
+    /// Scopes forgotten so far because nothing of them was left in any window.
+    pub fn expired_scopes(&self) -> u64 {
+        self.expired_scopes
     }
 
     /// Counts one accepted event in every window; a scope past the shard's `max_scopes` is
@@ -128,13 +140,13 @@ impl ShardCounter {
     ) -> Result<(), RejectReason> {
         let mut owns = Some(owns);
         let mut admit = || owns.take().is_none_or(|owns| owns());
-        let scope_id = match self.scopes.find(scope) {
-            Some(id) => id,
+        let (scope_id, new_scope) = match self.scopes.find(scope) {
+            Some(id) => (id, false),
             None if !admit() => return Err(RejectReason::WrongShard),
-            None if self.scopes.len() >= self.max_scopes => {
+            None if self.scopes.live() >= self.max_scopes => {
                 return Err(RejectReason::TooManyScopes);
             }
-            None => self.scopes.register(scope),
+            None => (self.scopes.register(scope), true),
         };
         let hash = key_hash(self.scopes.seed(scope_id), key);
         let mut missed = 0;
@@ -162,7 +174,36 @@ impl ShardCounter {
             }
         }
         self.dropped_closed += missed;
+        if new_scope && !self.holds_scope(scope_id) {
+            // Every bucket the event was for had closed: the scope holds nothing.
+            self.scopes.release(scope_id);
+        }
         Ok(())
+    }
+
+    fn holds_scope(&self, scope: u32) -> bool {
+        match &self.state {
+            State::Exact { keys, .. } => keys.holds_scope(scope),
+            State::Approximate { windows } => windows.iter().any(|w| w.holds_scope(scope)),
+        }
+    }
+
+    /// Forgets the scopes that lost their last count in every window: a scope idle for longer
+    /// than the longest window. All-time windows keep their scopes.
+    fn expire_idle_scopes(&mut self) {
+        let emptied: Vec<u32> = match &mut self.state {
+            State::Exact { keys, .. } => keys.take_emptied_scopes(),
+            State::Approximate { windows } => windows
+                .iter_mut()
+                .flat_map(|w| w.take_emptied_scopes())
+                .collect(),
+        };
+        for scope in emptied {
+            if scope != 0 && self.scopes.is_live(scope) && !self.holds_scope(scope) {
+                self.scopes.release(scope);
+                self.expired_scopes += 1;
+            }
+        }
     }
 
     /// Closes, in every window, the buckets that end at or before `watermark_ms`.
@@ -177,6 +218,7 @@ impl ShardCounter {
             State::Exact { keys, windows } => windows[window].close_through(watermark_ms, keys),
             State::Approximate { windows } => windows[window].close_through(watermark_ms),
         }
+        self.expire_idle_scopes();
     }
 
     /// Summary of window `window` as of its last closed boundary.
@@ -186,7 +228,7 @@ impl ShardCounter {
         let (closed_through, total, max_overcount, scopes) = match &self.state {
             State::Exact { keys, windows } => {
                 let w = &windows[window];
-                let mut per_scope: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.scopes.len()];
+                let mut per_scope: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.scopes.id_space()];
                 for (id, count) in w.counted() {
                     per_scope[keys.scope(id) as usize].push((id, count));
                 }
@@ -228,6 +270,9 @@ impl ShardCounter {
                 (w.closed_through(), w.total(), w.error_bound(), scopes)
             }
         };
+        // By name, not by id: ids depend on which scopes expired before, a summary must not.
+        let mut scopes: Vec<ScopeItems> = scopes;
+        scopes.sort_unstable_by(|a, b| a.scope.cmp(&b.scope));
         // All-time windows end too: at the boundary their closed buckets reach.
         let window_end_ms = match closed_through {
             i64::MIN => None,
@@ -284,6 +329,19 @@ pub fn state_fingerprint(cfg: &EngineConfig) -> String {
 impl ShardCounter {
     /// The whole counting state, by key and scope name, for a checkpoint or a handoff.
     pub fn snapshot(&self, cfg: &EngineConfig) -> ShardSnapshot {
+        // Scopes are numbered densely by name (the global one, "", first), leaving out any
+        // that holds nothing: equal states give equal snapshots whatever expired before.
+        let mut held: Vec<u32> = self
+            .scopes
+            .live_ids()
+            .filter(|id| *id == 0 || self.holds_scope(*id))
+            .collect();
+        held.sort_unstable_by_key(|id| self.scopes.name(*id));
+        let mut renumber = vec![None; self.scopes.id_space()];
+        for (new, old) in held.iter().enumerate() {
+            renumber[*old as usize] = Some(new as u32);
+        }
+        let new_id = |old: u32| renumber[old as usize].unwrap_or(0);
         let windows = match &self.state {
             State::Exact { keys, windows } => windows
                 .iter()
@@ -295,7 +353,7 @@ impl ShardCounter {
                         .map(|(idx, counts)| {
                             let mut counts: Vec<_> = counts
                                 .into_iter()
-                                .map(|(id, n)| (keys.scope(id), keys.key(id).to_owned(), n))
+                                .map(|(id, n)| (new_id(keys.scope(id)), keys.key(id).to_owned(), n))
                                 .collect();
                             // Canonical order: equal states give equal snapshots.
                             counts.sort_unstable();
@@ -304,7 +362,9 @@ impl ShardCounter {
                         .collect(),
                 })
                 .collect(),
-            State::Approximate { windows } => windows.iter().map(ApproxWindow::snapshot).collect(),
+            State::Approximate { windows } => {
+                windows.iter().map(|w| w.snapshot(&renumber)).collect()
+            }
         };
         ShardSnapshot {
             format: SNAPSHOT_FORMAT,
@@ -314,8 +374,9 @@ impl ShardCounter {
             seq: self.seq,
             epoch: self.epoch,
             dropped_closed: self.dropped_closed,
-            scopes: (0..self.scopes.len() as u32)
-                .map(|id| self.scopes.name(id).to_owned())
+            scopes: held
+                .iter()
+                .map(|id| self.scopes.name(*id).to_owned())
                 .collect(),
             windows,
         }
@@ -345,7 +406,7 @@ impl ShardCounter {
         for name in snap.scopes.iter().skip(1) {
             counter.scopes.intern(name);
         }
-        if counter.scopes.len() != snap.scopes.len() {
+        if counter.scopes.live() != snap.scopes.len() {
             return fail("scope table has duplicates".into());
         }
         let scope_count = snap.scopes.len() as u32;
@@ -403,6 +464,15 @@ impl ShardCounter {
         counter.seq = snap.seq;
         counter.epoch = snap.epoch;
         counter.dropped_closed = snap.dropped_closed;
+        // A snapshot of an older build lists every scope ever seen, held or not.
+        let unheld: Vec<u32> = counter
+            .scopes
+            .live_ids()
+            .filter(|id| !counter.holds_scope(*id))
+            .collect();
+        for id in unheld {
+            counter.scopes.release(id);
+        }
         Ok(counter)
     }
 }

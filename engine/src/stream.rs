@@ -102,6 +102,16 @@ impl ShardStream {
         self.counter.state_bytes()
     }
 
+    /// See [`ShardCounter::scopes`].
+    pub fn scopes(&self) -> usize {
+        self.counter.scopes()
+    }
+
+    /// See [`ShardCounter::expired_scopes`].
+    pub fn expired_scopes(&self) -> u64 {
+        self.counter.expired_scopes()
+    }
+
     pub fn watermark_ms(&self) -> Option<i64> {
         let by_events = self
             .max_event_ms

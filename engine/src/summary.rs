@@ -94,7 +94,8 @@ pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
 /// [`merge`] for a publisher that keeps lists alive: keys for which `denied` holds are left
 /// out before the top `k` is taken (their counts are untouched), and every scope in `known`
 /// gets a list, empty when none of its keys is in the window any more, instead of keeping a
-/// stale one. Scopes seen for the first time are added to `known`.
+/// stale one. `known` becomes the scopes with a non-empty list: a scope that left every
+/// summary gets one empty list, then no more (its counts expired from the shards).
 pub fn merge_known(
     summaries: &[&ShardSummary],
     k: usize,
@@ -150,7 +151,11 @@ pub fn merge_known(
             }
         })
         .collect();
-    known.extend(rankings.iter().map(|r| r.scope.clone()));
+    *known = rankings
+        .iter()
+        .filter(|r| !r.items.is_empty())
+        .map(|r| r.scope.clone())
+        .collect();
     rankings
 }
 

@@ -232,6 +232,86 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, .. ProptestConfig::default() })]
+
+    /// Scopes idle for longer than every window expire from the shards and come back: the
+    /// lists stay exact, and a scope that left gets one empty list.
+    #[test]
+    fn exact_lists_stay_exact_while_scopes_expire_and_return(
+        steps in prop::collection::vec((0i64..30, 0usize..2, 0usize..8, 1u64..4), 1..400),
+        shards in 1u32..4,
+        k in 1usize..4,
+    ) {
+        let mut clock = 1_000_000i64;
+        let events: Vec<Ev> = steps
+            .into_iter()
+            .map(|(dt, pick, key, cost)| {
+                clock += dt;
+                let phase = clock / 120 % 5;
+                Ev { time_ms: clock, scope: format!("p{}", phase * 2 + pick as i64), key: format!("k{key}"), cost }
+            })
+            .collect();
+        let windows = vec![WindowConfig::sliding("short", 50, 10), WindowConfig::sliding("long", 100, 20)];
+        let cfg = config(Mode::Exact, shards, k, 0, windows);
+        let (_, streaming, last) = run(&cfg, &events);
+        let mut listed: BTreeMap<(String, String), bool> = BTreeMap::new();
+        for p in streaming.iter().chain(&last) {
+            let (start, end) = covered(p, &cfg);
+            let counts = oracle_counts(&events, start, end);
+            let want = counts.get(&p.ranking.scope).map(|c| oracle_top(c, k)).unwrap_or_default();
+            let got: Vec<(String, u64)> = p.ranking.items.iter().map(|i| (i.key.clone(), i.count)).collect();
+            prop_assert_eq!(&got, &want, "window {} scope {:?} [{}, {})", p.ranking.window, p.ranking.scope, start, end);
+            let id = (p.ranking.window.clone(), p.ranking.scope.clone());
+            let was_empty = listed.insert(id, got.is_empty()).unwrap_or(false);
+            prop_assert!(!(was_empty && got.is_empty()), "two empty lists in a row for {:?}", p.ranking.scope);
+        }
+    }
+}
+
+#[test]
+fn scopes_that_leave_every_window_are_forgotten() {
+    for mode in [
+        Mode::Exact,
+        Mode::Approximate(SketchParams {
+            epsilon: 0.01,
+            delta: 0.01,
+            candidates: 10,
+        }),
+    ] {
+        let mut cfg = config(mode, 1, 5, 0, vec![WindowConfig::sliding("w", 100, 10)]);
+        cfg.max_scopes = 1_000;
+        let mut shard = topk_engine::shard::ShardCounter::new(&cfg, 0);
+        let mut sizes = Vec::new();
+        // 20 rounds of 900 new scopes each: 18,000 scopes through a limit of 1,000.
+        for round in 0..20i64 {
+            let t = round * 1_000;
+            for i in 0..900 {
+                shard
+                    .add(&format!("tenant-{round}-{i}"), "k", t, 1)
+                    .unwrap();
+            }
+            assert_eq!(shard.scopes(), 901, "{mode:?} round {round}");
+            shard.advance(t + 500);
+            assert_eq!(shard.scopes(), 1, "{mode:?}: idle scopes are forgotten");
+            sizes.push(shard.state_bytes());
+        }
+        assert_eq!(shard.expired_scopes(), 18_000);
+        let (first, last) = (sizes[1], sizes[19]);
+        assert!(
+            last <= first + first / 10,
+            "{mode:?}: state grew: {sizes:?}"
+        );
+        // A returning scope counts from zero.
+        shard.add("tenant-0-0", "k", 30_000, 2).unwrap();
+        shard.advance(30_010);
+        let summary = shard.summary(0, 30_010);
+        assert_eq!(summary.scopes.len(), 1);
+        assert_eq!(summary.scopes[0].scope, "tenant-0-0");
+        assert_eq!(summary.scopes[0].items[0].count, 2);
+    }
+}
+
 /// The published bound holds for at least 1 - delta of the listed counts on a large stream.
 #[test]
 fn approximate_bound_violations_stay_under_delta() {

@@ -182,3 +182,53 @@ fn a_snapshot_under_another_configuration_is_refused() {
     }));
     assert!(ShardStream::restore(&approx, &snap).is_err());
 }
+
+/// Scopes that come and go: each event's scope is one of 12, picked by the time's phase, so
+/// that a scope is idle for longer than every (sliding) window and expires, then returns.
+fn churning_scopes() -> impl Strategy<Value = Input> {
+    proptest::collection::vec((0i64..40, 0u8..2, 0u8..6, 1u64..4), 1..400).prop_map(|v| {
+        let mut clock = 0;
+        v.into_iter()
+            .map(|(dt, pick, key, cost)| {
+                clock += dt;
+                let phase = (clock / 150 % 6) as u8;
+                (clock, 1 + phase * 2 + pick, key, cost)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn expiring_scopes_restore_as_if_never_stopped(
+        input in churning_scopes(),
+        cut in 0usize..400,
+        approximate in any::<bool>(),
+    ) {
+        let mode = if approximate {
+            Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.1, candidates: 5 })
+        } else {
+            Mode::Exact
+        };
+        let mut cfg = config(mode);
+        cfg.windows.truncate(2); // no all-time window: scopes can expire
+        let cut = cut.min(input.len());
+        let mut straight = ShardStream::new(&cfg, 0);
+        let mut want = Vec::new();
+        run(&mut straight, &input[..cut], &mut want);
+        let snap = roundtrip(&straight.snapshot());
+        let before = want.len();
+        run(&mut straight, &input[cut..], &mut want);
+        straight.advance_idle(NOW, 0, &mut want);
+
+        let mut restored = ShardStream::restore(&cfg, &snap).expect("restore");
+        let mut got = Vec::new();
+        run(&mut restored, &input[cut..], &mut got);
+        restored.advance_idle(NOW, 0, &mut got);
+        prop_assert_eq!(&want[before..], &got[..]);
+        prop_assert_eq!(roundtrip(&straight.snapshot()), roundtrip(&restored.snapshot()));
+        prop_assert_eq!(straight.scopes(), restored.scopes());
+        // Everything slid out of both windows: only the global scope is left.
+        prop_assert_eq!(straight.scopes(), 1);
+    }
+}

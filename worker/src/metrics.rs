@@ -70,6 +70,8 @@ pub struct WorkerMetrics {
     pub checkpoint_seconds: Histogram,
     pub checkpoint_bytes: Gauge,
     pub state_bytes: Gauge,
+    pub scopes: Gauge,
+    pub scopes_expired: Counter,
     pub owned_shards: Gauge,
     pub snapshots_published: Counter,
     pub shard_restores: Family<SourceLabel, Counter>,
@@ -93,6 +95,8 @@ impl Default for WorkerMetrics {
             checkpoint_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             checkpoint_bytes: Gauge::default(),
             state_bytes: Gauge::default(),
+            scopes: Gauge::default(),
+            scopes_expired: Counter::default(),
             owned_shards: Gauge::default(),
             snapshots_published: Counter::default(),
             shard_restores: Family::default(),
@@ -184,6 +188,16 @@ impl Default for WorkerMetrics {
             "state_bytes",
             "Heap held by the counting state",
             m.state_bytes.clone(),
+        );
+        registry.register(
+            "scopes",
+            "Scopes the owned shards hold counts of (the global scope included)",
+            m.scopes.clone(),
+        );
+        registry.register(
+            "scopes_expired",
+            "Scopes forgotten because nothing of them was left in any window",
+            m.scopes_expired.clone(),
         );
         registry.register(
             "owned_shards",

@@ -73,6 +73,8 @@ struct Owned {
     outbox: Vec<Vec<u8>>,
     /// The shard's newest snapshot on the handoff topic, which the next one replaces.
     published: Option<Published>,
+    /// Scopes the stream had expired when the metric was last updated.
+    expired_scopes_counted: u64,
 }
 
 /// State shared with the HTTP endpoints.
@@ -613,10 +615,16 @@ impl Worker {
             .checkpoint_seconds
             .observe(started.elapsed().as_secs_f64());
         metrics.checkpoint_bytes.set(bytes as i64);
-        let mut state = 0;
+        let (mut state, mut scopes) = (0, 0);
         let now = now_ms();
-        for (shard, owned) in &self.owned {
+        for (shard, owned) in &mut self.owned {
             state += owned.stream.state_bytes();
+            scopes += owned.stream.scopes();
+            let expired = owned.stream.expired_scopes();
+            metrics
+                .scopes_expired
+                .inc_by(expired.saturating_sub(owned.expired_scopes_counted));
+            owned.expired_scopes_counted = expired;
             let label = ShardLabel { shard: *shard };
             if let Some(wm) = owned.stream.watermark_ms() {
                 metrics
@@ -626,6 +634,7 @@ impl Worker {
             }
         }
         metrics.state_bytes.set(state as i64);
+        metrics.scopes.set(scopes as i64);
         self.last_checkpoint = Instant::now();
         // Idle summaries are in the checkpoint just written: they may go out now.
         self.send_outboxes()?;
@@ -952,6 +961,7 @@ impl Worker {
             active: false,
             outbox,
             published,
+            expired_scopes_counted: 0,
         })
     }
 }
