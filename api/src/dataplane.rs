@@ -168,6 +168,7 @@ impl DataPlaneConfig {
             .clone()
             .unwrap_or_else(|| "default".to_owned());
         let workers = spec.workers.as_ref();
+        let reducers = spec.reducers.as_ref();
         let recount = spec.recount_settings();
         Ok(Self {
             kafka: KafkaConfig {
@@ -191,9 +192,15 @@ impl DataPlaneConfig {
                 max_summary_record_bytes: spec.max_summary_record_bytes(),
             },
             reducer: ReducerTuning {
-                stale_after: DEFAULT_STALE_AFTER,
-                keep_versions: DEFAULT_KEEP_VERSIONS,
-                keep_for: DEFAULT_KEEP_FOR,
+                stale_after: reducers
+                    .and_then(|r| r.stale_after)
+                    .unwrap_or(DEFAULT_STALE_AFTER),
+                keep_versions: reducers
+                    .and_then(|r| r.keep_versions)
+                    .map_or(DEFAULT_KEEP_VERSIONS, |k| k as usize),
+                keep_for: reducers
+                    .and_then(|r| r.keep_for)
+                    .unwrap_or(DEFAULT_KEEP_FOR),
                 status_interval: DEFAULT_STATUS_INTERVAL,
             },
             recount: RecountConfig {

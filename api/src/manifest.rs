@@ -329,7 +329,23 @@ pub struct ReducersSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = MAX_REDUCERS))]
     pub replicas: u32,
+    /// Versions kept per list whatever their age (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_KEEP_VERSIONS))]
+    pub keep_versions: Option<u32>,
+    /// Older versions than this are deleted, beyond the newest and the served one; a list
+    /// that has been empty this long (its scope left every window) is deleted whole
+    /// (default 24h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_for: Option<Duration>,
+    /// A window's lists are marked stale when nothing newer was published for this long, or
+    /// for two of its buckets if longer (default 2m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_after: Option<Duration>,
 }
+
+/// Most versions a list may keep.
+pub const MAX_KEEP_VERSIONS: u32 = 100_000;
 
 fn one() -> u32 {
     1
@@ -752,6 +768,23 @@ impl TopKMetricSpec {
                 if value.is_some_and(|v| v.as_millis() <= 0) {
                     problems.push(format!("spec.workers.{field} must be positive"));
                 }
+            }
+        }
+        if let Some(reducers) = &self.reducers {
+            for (field, value) in [
+                ("keepFor", reducers.keep_for),
+                ("staleAfter", reducers.stale_after),
+            ] {
+                if value.is_some_and(|v| v.as_millis() <= 0) {
+                    problems.push(format!("spec.reducers.{field} must be positive"));
+                }
+            }
+            if let Some(keep) = reducers.keep_versions
+                && !(1..=MAX_KEEP_VERSIONS).contains(&keep)
+            {
+                problems.push(format!(
+                    "spec.reducers.keepVersions must be between 1 and {MAX_KEEP_VERSIONS}, got {keep}"
+                ));
             }
         }
         if let Some(from) = &self.deny_keys_from {

@@ -307,3 +307,130 @@ windows:
         "{metrics}"
     );
 }
+
+/// A scope whose events slid out of every window expires: the workers forget it, the reducer
+/// publishes its list empty once and deletes it after `keepFor`; when the scope comes back its
+/// list starts over with a version above every one readers saw.
+#[test]
+fn scopes_that_leave_every_window_expire_from_workers_and_reducer() {
+    let Some(env) = TestEnv::get("scope expiry end to end") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let ns = "e2e";
+    let name = unique_name("tenants");
+    let input = unique_name("tenants-input");
+    runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = metric_manifest(
+        &name,
+        "plays",
+        &env.kafka_bootstrap,
+        &input,
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 5
+allowedLateness: 100ms
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
+reducers: {{keepFor: 2s}}
+windows:
+  - {{name: 5s, length: 5s, bucket: 1s}}
+"#
+        ),
+    );
+    let config = common::rendered_config(dir.path(), &manifest, ns);
+    let mut stack = common::Stack::start(dir.path(), &config);
+    let workers = [stack.served_worker(0), stack.served_worker(1)];
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer");
+    let produce = |scope: &str, keys: &[&str]| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        for key in keys {
+            let payload = serde_json::json!({
+                "event_time": now, "metric": "plays", "scope": scope, "key": key,
+            })
+            .to_string();
+            let mkey = message_key("plays", scope, key);
+            producer
+                .send(BaseRecord::to(&input).key(&mkey).payload(&payload))
+                .expect("enqueue");
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    };
+    let url = |stack: &common::Stack| {
+        format!(
+            "{}/v1/rankings/plays?window=5s&scope=tenant-a",
+            stack.reducer.base
+        )
+    };
+    let list_of = |stack: &common::Stack, want: &[(String, u64)], what: &str| {
+        common::await_some(what, WAIT, || {
+            let (status, body) = common::get(&url(stack));
+            let list: Value = serde_json::from_str(&body).ok()?;
+            (status == 200 && list_items(&list) == want).then_some(list)
+        })
+    };
+
+    produce("", &["g"]);
+    produce("tenant-a", &["x", "x", "y"]);
+    let counted = [("x".to_owned(), 2), ("y".to_owned(), 1)];
+    let first = list_of(&stack, &counted, "tenant-a's list");
+    // A restarted reducer knows the scope from its store, so it still empties the list.
+    stack.restart_reducer();
+    // The workers' clocks move the idle shards' windows past the events: the list empties.
+    let emptied = list_of(&stack, &[], "tenant-a's emptied list");
+    assert!(emptied["version"].as_u64() > first["version"].as_u64());
+    let last_version = emptied["version"].as_u64().expect("version");
+    // Both shards forgot the scope; only the global one is held.
+    common::await_some("the workers to forget tenant-a", WAIT, || {
+        let held: f64 = workers
+            .iter()
+            .map(|w| {
+                common::metric(
+                    &common::get(&format!("{}/metrics", w.base)).1,
+                    "topk_worker_scopes",
+                )
+            })
+            .sum::<Option<f64>>()?;
+        let expired: f64 = workers
+            .iter()
+            .map(|w| {
+                common::metric(
+                    &common::get(&format!("{}/metrics", w.base)).1,
+                    "topk_worker_scopes_expired_total",
+                )
+            })
+            .sum::<Option<f64>>()?;
+        (held == 2.0 && expired >= 1.0).then_some(())
+    });
+    // After keepFor the reducer deletes the empty list: the scope reads as never seen.
+    common::await_some("the reducer to delete tenant-a's list", WAIT, || {
+        (common::get(&url(&stack)).0 == 404).then_some(())
+    });
+    let (_, page) = common::get(&format!("{}/metrics", stack.reducer.base));
+    assert_eq!(
+        common::metric(&page, "topk_reducer_lists_expired_total"),
+        Some(1.0),
+        "{page}"
+    );
+    let (status, _) = common::get(&format!(
+        "{}/v1/rankings/plays?window=5s&scope=",
+        stack.reducer.base
+    ));
+    assert_eq!(status, 200, "the global list is never deleted");
+
+    // The scope comes back: counted from zero, its list versioned above the deleted ones.
+    produce("tenant-a", &["z"]);
+    let back = list_of(&stack, &[("z".to_owned(), 1)], "tenant-a's list again");
+    assert!(
+        back["version"].as_u64().expect("version") > last_version,
+        "{back}"
+    );
+}

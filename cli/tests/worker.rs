@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::metric;
+
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -549,11 +551,6 @@ fn flood(input: &Input, now: i64, from: u64, to: u64) {
 }
 
 /// The value of an unlabelled metric in a Prometheus text page.
-fn metric(page: &str, name: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 #[tokio::test]
 async fn approximate_state_stays_flat_under_a_flood_of_unique_keys() {
     let Some(env) = TestEnv::get("worker approximate memory") else {

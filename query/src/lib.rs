@@ -95,6 +95,14 @@ impl Served {
         }
     }
 
+    /// Stops serving a list (its scope expired).
+    pub fn remove(&self, window: &str, scope: &str) {
+        if let Some(pos) = self.position(window) {
+            let mut lists = self.lists.write().unwrap_or_else(|e| e.into_inner());
+            lists.remove(&(pos, scope.to_owned()));
+        }
+    }
+
     /// Marks a window's lists stale (or fresh again); returns whether that changed anything.
     pub fn set_stale(&self, window: &str, stale: bool) -> bool {
         let Some(pos) = self.position(window) else {

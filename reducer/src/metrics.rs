@@ -33,6 +33,7 @@ pub struct ReducerMetrics {
     pub summaries: Family<OutcomeLabel, Counter>,
     pub unreadable_summaries: Counter,
     pub versions_published: Counter,
+    pub lists_expired: Counter,
     pub publish_seconds: Histogram,
     pub missing_shard: Family<MissingLabel, Gauge>,
     pub stale: Family<WindowLabel, Gauge>,
@@ -62,6 +63,7 @@ impl Default for ReducerMetrics {
             summaries: Family::default(),
             unreadable_summaries: Counter::default(),
             versions_published: Counter::default(),
+            lists_expired: Counter::default(),
             publish_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             missing_shard: Family::default(),
             stale: Family::default(),
@@ -104,6 +106,11 @@ impl Default for ReducerMetrics {
             "versions_published",
             "Ranking versions written and pointed to",
             m.versions_published.clone(),
+        );
+        r.register(
+            "lists_expired",
+            "Lists deleted after staying empty for keepFor (their scopes left every window)",
+            m.lists_expired.clone(),
         );
         r.register(
             "publish_seconds",

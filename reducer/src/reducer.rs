@@ -99,6 +99,10 @@ pub struct Reducer {
     retention_due: BTreeSet<(String, String)>,
     last_retention: Instant,
     hours: Hours,
+    /// Lists of scopes other than the global one whose served version is empty, with when it
+    /// was published (Unix ms): once older than `keep_for` the list is deleted (its scope
+    /// expired from the shards).
+    empty_lists: BTreeMap<(String, String), i64>,
     /// Per composable window, its last publication as merged from the summaries, composed
     /// again when an hour in it becomes exact.
     last_streaming: BTreeMap<usize, Publication>,
@@ -168,6 +172,23 @@ impl Reducer {
             .map(|w| meta.published_ends.get(w).copied())
             .collect();
         let mut state = ReducerState::new(settings.merge.clone(), &ends);
+        let mut known: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut empty_lists = BTreeMap::new();
+        for entry in shared.served.all() {
+            let r = &entry.record;
+            if r.items.is_empty() && !r.scope.is_empty() {
+                let since = parse_rfc3339_ms(&r.as_of).unwrap_or_else(now_ms);
+                empty_lists.insert((r.window.clone(), r.scope.clone()), since);
+            } else {
+                known
+                    .entry(r.window.clone())
+                    .or_default()
+                    .insert(r.scope.clone());
+            }
+        }
+        for (window, scopes) in known {
+            state.set_known_scopes(&window, scopes);
+        }
         if let Some(list) = deny.borrow_and_update().clone() {
             state.replace_deny(list);
         }
@@ -217,6 +238,7 @@ impl Reducer {
             retention_due: BTreeSet::new(),
             last_retention: Instant::now(),
             hours,
+            empty_lists,
             last_streaming: BTreeMap::new(),
             settings,
         })
@@ -314,7 +336,8 @@ impl Reducer {
         if !publications.is_empty() {
             self.publish(publications, false)?;
         }
-        if self.last_retention.elapsed() >= RETENTION_EVERY {
+        // Once a minute, or every keepFor if that is shorter.
+        if self.last_retention.elapsed() >= RETENTION_EVERY.min(self.settings.keep_for) {
             self.apply_retention()?;
         }
         let metrics = &self.shared.metrics;
@@ -366,6 +389,7 @@ impl Reducer {
         for (window, scope) in std::mem::take(&mut self.retention_due) {
             self.shared.store.retain(&window, &scope, policy)?;
         }
+        self.expire_empty_lists(policy.older_than_ms)?;
         // Hour detail is kept for the longest sliding window, plus two hours for grading.
         let longest = self
             .settings
@@ -380,6 +404,27 @@ impl Reducer {
             self.hours.retain(newest - longest - 2 * HOUR_MS)?;
         }
         self.last_retention = Instant::now();
+        Ok(())
+    }
+
+    /// Deletes the lists that have been empty since before `before_ms`: their scopes left every
+    /// shard's windows, and a query for them answers as for a scope never seen.
+    fn expire_empty_lists(&mut self, before_ms: i64) -> Result<(), Error> {
+        let due: Vec<(String, String)> = self
+            .empty_lists
+            .iter()
+            .filter(|(_, since)| **since < before_ms)
+            .map(|(list, _)| list.clone())
+            .collect();
+        for list @ (window, scope) in &due {
+            self.empty_lists.remove(list);
+            if self.shared.store.delete_empty_list(window, scope)? {
+                self.next_versions.remove(list);
+                self.shared.served.remove(window, scope);
+                self.shared.metrics.lists_expired.inc();
+                tracing::info!(window, scope, "empty list expired");
+            }
+        }
         Ok(())
     }
 
@@ -465,6 +510,16 @@ impl Reducer {
         metrics.versions_published.inc_by(records.len() as u64);
         self.retention_due
             .extend(records.iter().map(|r| (r.window.clone(), r.scope.clone())));
+        let published_ms = parse_rfc3339_ms(&as_of).unwrap_or_else(now_ms);
+        for r in &records {
+            let list = (r.window.clone(), r.scope.clone());
+            // The global list stays, empty or not: a quiet metric still answers.
+            if r.items.is_empty() && !r.scope.is_empty() {
+                self.empty_lists.entry(list).or_insert(published_ms);
+            } else {
+                self.empty_lists.remove(&list);
+            }
+        }
         for publication in &publications {
             let (lists, rest): (Vec<_>, Vec<_>) = records
                 .into_iter()

@@ -193,6 +193,14 @@ impl ReducerState {
         self.deny.contains(key)
     }
 
+    /// The scopes whose served lists in `window` are not empty (read from the store at start):
+    /// if the next publication lacks one, it gets an empty list rather than keeping the old.
+    pub fn set_known_scopes(&mut self, window: &str, scopes: BTreeSet<String>) {
+        if let Some(w) = self.cfg.windows.iter().position(|n| n == window) {
+            self.windows[w].known_scopes = scopes;
+        }
+    }
+
     /// Takes a new assignment table: pending summaries of epochs it replaced are dropped, and
     /// quarantined ones are offered again. Returns the outcomes of those offered again.
     pub fn set_table(&mut self, table: AssignmentTable) -> Vec<Outcome> {

@@ -261,6 +261,32 @@ impl RankingStore {
         Ok(())
     }
 
+    /// Deletes a list whose served version is empty: its pointer and every version. The store's
+    /// version floor is raised to its newest version, so that if the scope comes back its list
+    /// continues above what readers saw. Returns false, deleting nothing, for a list that is
+    /// not empty (rolled back since, or never emptied).
+    pub fn delete_empty_list(&self, window: &str, scope: &str) -> Result<bool, Error> {
+        if self
+            .latest_of(window, scope)?
+            .is_none_or(|r| !r.items.is_empty())
+        {
+            return Ok(false);
+        }
+        let floor = self.newest_version(window, scope)?;
+        let versions = self.versions(window, scope)?;
+        let mut batch = WriteBatch::default();
+        for version in versions {
+            batch.delete(self.version_key(window, scope, version));
+        }
+        batch.delete(self.list_key(POINTER, window, scope));
+        batch.put(
+            Self::meta_key(VERSION_FLOOR_KEY),
+            i64::try_from(floor).unwrap_or(i64::MAX).to_be_bytes(),
+        );
+        self.db.write_opt(batch, &sync())?;
+        Ok(true)
+    }
+
     /// Points a list back (or forward) at a stored version and returns that version.
     pub fn rollback(
         &self,

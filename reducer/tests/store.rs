@@ -133,3 +133,41 @@ fn retention_keeps_the_newest_and_the_pointed_versions() {
     assert_eq!(store.retain("1h", "", policy).unwrap(), 2);
     assert_eq!(store.versions("1h", "").unwrap(), vec![4, 10]);
 }
+
+#[test]
+fn only_an_empty_list_is_deleted_and_its_versions_continue_above_the_deleted_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RankingStore::open(&dir.path().join("rankings"), "plays").unwrap();
+    let full = [
+        record("1h", "eu", 1, 1_000, "a"),
+        record("1h", "us", 1, 1_000, "b"),
+    ];
+    store.write_versions(&full).unwrap();
+    store.point(&full, &meta(1_000, 1)).unwrap();
+    let mut emptied = record("1h", "eu", 2, 2_000, "a");
+    emptied.items.clear();
+    store
+        .write_versions(std::slice::from_ref(&emptied))
+        .unwrap();
+    store
+        .point(std::slice::from_ref(&emptied), &meta(2_000, 2))
+        .unwrap();
+
+    assert!(
+        !store.delete_empty_list("1h", "us").unwrap(),
+        "a list with items stays"
+    );
+    assert!(!store.delete_empty_list("1h", "nowhere").unwrap());
+    assert!(store.delete_empty_list("1h", "eu").unwrap());
+    assert_eq!(store.latest_of("1h", "eu").unwrap(), None);
+    assert_eq!(store.versions("1h", "eu").unwrap(), Vec::<u64>::new());
+    assert_eq!(
+        store.latest_of("1h", "us").unwrap().map(|r| r.version),
+        Some(1)
+    );
+    assert_eq!(
+        store.newest_version("1h", "eu").unwrap(),
+        2,
+        "the next version is 3"
+    );
+}

@@ -27,6 +27,12 @@ pub fn rendered_config(dir: &Path, manifest: &str, ns: &str) -> PathBuf {
     path
 }
 
+/// The value of an unlabelled sample `name` on a Prometheus text page.
+pub fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 pub fn topk() -> Command {
     Command::new(env!("CARGO_BIN_EXE_topk"))
 }
