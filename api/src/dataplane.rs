@@ -414,6 +414,24 @@ mod tests {
                 json!(2),
                 OperatorOnly("the StatefulSet's replicas"),
             ),
+            (
+                "reducers.keepVersions",
+                "/reducers/keepVersions",
+                json!(7),
+                Restarts(&[Component::Reducer]),
+            ),
+            (
+                "reducers.keepFor",
+                "/reducers/keepFor",
+                json!("1h"),
+                Restarts(&[Component::Reducer]),
+            ),
+            (
+                "reducers.staleAfter",
+                "/reducers/staleAfter",
+                json!("5m"),
+                Restarts(&[Component::Reducer]),
+            ),
             ("denyKeys", "/denyKeys", json!(["x", "y"]), Live),
             (
                 "denyKeysFrom.configMapKeyRef.name",
@@ -487,7 +505,7 @@ mod tests {
                 {"name": "all", "allTime": true, "bucket": "1h"},
             ],
             "workers": {"replicas": 2, "checkpointInterval": "5s", "snapshotInterval": "60s", "idleTimeout": "30s", "handoffWait": "30s", "maxSummaryRecordBytes": 65536},
-            "reducers": {"replicas": 1},
+            "reducers": {"replicas": 1, "keepVersions": 100, "keepFor": "24h", "staleAfter": "2m"},
             "denyKeys": ["x"],
             "denyKeysFrom": {"configMapKeyRef": {"name": "takedowns", "key": "keys"}},
             "paused": false, "deletionPolicy": "Retain",
