@@ -9,6 +9,7 @@ pub mod error;
 pub mod manifest;
 pub mod names;
 pub mod record;
+pub mod report;
 pub mod topics;
 
 pub use dataplane::{CONFIG_KEY, Component, DataPlaneConfig, DenyList};

@@ -11,7 +11,8 @@ use crate::error::CliError;
 pub struct WorkerArgs {
     #[command(flatten)]
     pub common: DataPlaneArgs,
-    /// With --assignment-file: where to write the applied assignment version.
+    /// With --assignment-file: where to write the applied assignment version (and, next to it
+    /// as `FILE.shard-N-loss`, each shard's newest input loss).
     #[arg(long)]
     pub report_file: Option<PathBuf>,
 }

@@ -24,6 +24,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
+use topk_api::report::{LossKind, ShardLoss};
 use topk_api::topics::TopicNames;
 use topk_engine::partition::{message_key, shard_for};
 use topk_testenv::{
@@ -139,6 +140,19 @@ impl Fixture {
         )
     }
 
+    /// Where [`Self::serve_all_shards`]' worker reports.
+    fn report_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("report.json")
+    }
+
+    /// The newest loss worker 0 reported for `shard`, if any.
+    fn reported_loss(&self, shard: u32) -> Option<ShardLoss> {
+        let mut name = self.report_file().into_os_string();
+        name.push(format!(".{}", topk_api::report::loss_key(shard)));
+        let text = std::fs::read_to_string(name).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
     /// Starts worker 0 owning every shard (epoch 1, from an assignment file) and waits for
     /// its HTTP address.
     fn serve_all_shards(&self) -> common::Server {
@@ -147,6 +161,8 @@ impl Fixture {
         let mut args = self.worker_args(0);
         args.push("--assignment-file".into());
         args.push(assignment.to_string_lossy().into_owned());
+        args.push("--report-file".into());
+        args.push(self.report_file().to_string_lossy().into_owned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         common::spawn(&args)
     }
@@ -767,8 +783,15 @@ async fn input_lost_to_retention_or_a_recreated_topic_is_counted_and_counting_go
     restart_exact(&fixture, &kafka, &input, "beyond_end").await;
 }
 
+fn expected_kind(kind: &str) -> LossKind {
+    match kind {
+        "expired" => LossKind::Expired,
+        _ => LossKind::BeyondEnd,
+    }
+}
+
 /// Starts the worker on every shard, awaits the oracle's counts and checks that each shard
-/// met one input gap of `kind`; returns the worker and its metrics page.
+/// met one input gap of `kind`, and reported it; returns the worker and its metrics page.
 async fn restart_exact(
     fixture: &Fixture,
     kafka: &ClientConfig,
@@ -789,5 +812,14 @@ async fn restart_exact(
         Some(f64::from(SHARDS)),
         "{page}"
     );
+    // Each shard's loss is reported for the operator's Degraded condition.
+    for shard in 0..SHARDS {
+        let loss = common::await_some("the reported loss", WAIT, || {
+            fixture
+                .reported_loss(shard)
+                .filter(|l| l.kind == expected_kind(kind))
+        });
+        assert_eq!(loss.shard, shard);
+    }
     (worker, page)
 }

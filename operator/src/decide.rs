@@ -14,6 +14,7 @@ use serde::Deserialize;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 use topk_api::manifest::{RecountFailure, RecountStatus, RescaleStatus, WorkersStatus};
 use topk_api::record::ExactHourManifest;
+use topk_api::report::{self, ShardLoss};
 use topk_api::{DataPlaneConfig, TopKMetric, TopKMetricStatus};
 
 use crate::builders::{
@@ -356,6 +357,21 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
     {
         problems.push(("RankingInaccurate", message));
     }
+    // Shards whose workers reported lost input lately (gaps, unusable saved state).
+    let now_ms = o.now.0.as_millisecond();
+    let losses: Vec<ShardLoss> = o
+        .worker_reports
+        .as_ref()
+        .and_then(|cm| cm.data.as_ref())
+        .map(|data| report::losses(data))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|l| l.recent(now_ms))
+        .collect();
+    if !losses.is_empty() {
+        let messages: Vec<String> = losses.iter().map(ShardLoss::message).collect();
+        problems.push((report::LOSS_REASON, messages.join("; ")));
+    }
     for (reason, message) in problems.iter().skip(usize::from(o.kafka.is_some())) {
         if newly_degraded(&previous, reason) {
             notes.push(Note::warning(reason, message.clone()));
@@ -418,6 +434,11 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
     };
     if let Some(due) = recount.due_in {
         requeue = requeue.min(due);
+    }
+    // Back when the newest loss stops making the metric Degraded.
+    if let Some(at_ms) = losses.iter().map(|l| l.at_ms).max() {
+        let clears_in = (at_ms + report::LOSS_DEGRADED_MS - now_ms).max(1_000);
+        requeue = requeue.min(Duration::from_millis(clears_in as u64));
     }
     Ok(Decision {
         objects: Some(objects),

@@ -13,12 +13,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use topk_api::record::ExactHourManifest;
+use topk_api::report::{LossKind, ShardLoss};
 use topk_api::{TopKMetric, TopKMetricStatus};
 use topk_operator::builders::{Settings, hour_id};
 use topk_operator::clock::ManualClock;
 use topk_operator::error::Error;
 use topk_operator::reconcile::{self, Context};
 use topk_operator::recount::{HOUR_MS, floor_hour};
+use topk_runtime::control::Report;
 use topk_testenv::{
     await_some, mark_pods_failed, mark_pods_succeeded, mark_pods_succeeded_with, ready_statefulset,
     unique_name,
@@ -480,4 +482,78 @@ async fn the_assignment_table_is_never_written_over_a_concurrent_change() {
         now.data.as_ref().and_then(|d| d.get("assignment.json")),
         read.data.as_ref().and_then(|d| d.get("assignment.json"))
     );
+}
+
+/// A worker's report of lost input (through the same ConfigMap writer the workers run) makes
+/// the metric `Degraded` with the shard and what was lost, for an hour after the loss.
+#[tokio::test]
+async fn reported_input_loss_is_degraded_for_an_hour() {
+    let Some((env, client, ns)) = common::setup("operator input loss", "loss").await else {
+        return;
+    };
+    let topic = unique_name("plays");
+    common::create_topic(&env, &topic, 4).await;
+    let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+    metrics
+        .create(
+            &PostParams::default(),
+            &manifest(
+                "plays",
+                &env.kafka_bootstrap,
+                &topic,
+                "  recount: {enabled: false}",
+            ),
+        )
+        .await
+        .expect("create TopKMetric");
+    let t0 = Timestamp::now().as_millisecond();
+    let clock = Arc::new(ManualClock::at(at(t0)));
+    let ctx = Context::with_clock(client.clone(), Settings::default(), clock.clone());
+    reconcile_once(&metrics, "plays", &ctx).await;
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(topk_runtime::control::report_to_configmap(
+        client.clone(),
+        ns.clone(),
+        "plays-worker-reports".into(),
+        0,
+        rx,
+    ));
+    let loss = ShardLoss {
+        shard: 1,
+        kind: LossKind::Expired,
+        offsets_lost: 250,
+        at_ms: t0,
+        detail: "saved offset 10, partition holds 260..300".into(),
+    };
+    tx.send(Report::Loss(loss.clone())).expect("report");
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    await_some("the loss in the worker reports", WAIT, || async {
+        let cm = configmaps.get_opt("plays-worker-reports").await.ok()??;
+        cm.data?.get(&loss.key()).cloned()
+    })
+    .await;
+
+    reconcile_once(&metrics, "plays", &ctx).await;
+    let degraded = common::condition(&metrics, "plays", "Degraded")
+        .await
+        .expect("Degraded");
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "InputLost")
+    );
+    assert!(
+        degraded
+            .message
+            .contains("shard 1: 250 offsets of its input expired by retention"),
+        "{}",
+        degraded.message
+    );
+
+    clock.set(at(t0 + 61 * MINUTE_MS));
+    reconcile_once(&metrics, "plays", &ctx).await;
+    let degraded = common::condition(&metrics, "plays", "Degraded")
+        .await
+        .expect("Degraded");
+    assert_eq!(degraded.status, "False", "{}", degraded.message);
 }

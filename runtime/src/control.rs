@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+use topk_api::report::ShardLoss;
 use topk_api::{DataPlaneConfig, DenyList};
 
 /// Where the assignment table comes from and where the applied version goes.
@@ -171,33 +172,63 @@ pub async fn watch_configmap_key(
     }
 }
 
+/// What a worker tells the operator.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// The assignment version it applied (its released shards are free to move).
+    Applied(u64),
+    /// A shard's counts miss input; the metric shows it as `Degraded` for a while.
+    Loss(ShardLoss),
+}
+
+impl Report {
+    /// The worker-reports key and value.
+    fn entry(&self, ordinal: u32) -> (String, String) {
+        match self {
+            Report::Applied(version) => (format!("worker-{ordinal}"), report_value(*version)),
+            Report::Loss(loss) => (loss.key(), serde_json::to_string(loss).unwrap_or_default()),
+        }
+    }
+}
+
 /// The value a worker reports for the assignment version it applied.
 pub fn report_value(version: u64) -> String {
     serde_json::json!({"assignmentVersion": version}).to_string()
 }
 
-/// Writes each reported version to `path` (`{"assignmentVersion": V}`).
-pub async fn report_to_file(path: PathBuf, mut rx: mpsc::UnboundedReceiver<u64>) {
-    while let Some(version) = rx.recv().await {
-        if let Err(err) = tokio::fs::write(&path, report_value(version)).await {
-            tracing::warn!(%err, path = %path.display(), "cannot write the worker report");
+/// Writes each applied version to `path` (`{"assignmentVersion": V}`) and each loss to
+/// `path.shard-N-loss`.
+pub async fn report_to_file(path: PathBuf, mut rx: mpsc::UnboundedReceiver<Report>) {
+    while let Some(report) = rx.recv().await {
+        let (key, value) = report.entry(0);
+        let target = match report {
+            Report::Applied(_) => path.clone(),
+            Report::Loss(_) => {
+                let mut name = path.as_os_str().to_owned();
+                name.push(format!(".{key}"));
+                PathBuf::from(name)
+            }
+        };
+        if let Err(err) = tokio::fs::write(&target, value).await {
+            tracing::warn!(%err, path = %target.display(), "cannot write the worker report");
         }
     }
 }
 
-/// Patches key `worker-ORDINAL` of ConfigMap `name` with each reported version.
+/// Patches ConfigMap `name` with each report: key `worker-ORDINAL` for the applied version,
+/// `shard-N-loss` for a loss.
 pub async fn report_to_configmap(
     client: Client,
     namespace: String,
     name: String,
     ordinal: u32,
-    mut rx: mpsc::UnboundedReceiver<u64>,
+    mut rx: mpsc::UnboundedReceiver<Report>,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    while let Some(version) = rx.recv().await {
-        let patch =
-            serde_json::json!({"data": {format!("worker-{ordinal}"): report_value(version)}});
-        // Retried until it lands or a newer version supersedes it.
+    while let Some(report) = rx.recv().await {
+        let (key, value) = report.entry(ordinal);
+        let patch = serde_json::json!({"data": {key: value}});
+        // Retried until it lands; an applied version also stops when a newer one is queued.
         loop {
             match api
                 .patch(&name, &PatchParams::apply(MANAGER), &Patch::Merge(&patch))
@@ -205,9 +236,9 @@ pub async fn report_to_configmap(
             {
                 Ok(_) => break,
                 Err(err) => {
-                    tracing::warn!(%err, version, "cannot report the applied assignment; retrying");
+                    tracing::warn!(%err, ?report, "cannot write the worker report; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    if !rx.is_empty() {
+                    if matches!(report, Report::Applied(_)) && !rx.is_empty() {
                         break;
                     }
                 }

@@ -21,6 +21,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::AssignmentTable;
 use topk_api::record::SummaryRecord;
+use topk_api::report::{LossKind, ShardLoss};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason};
 use topk_engine::stream::ShardStream;
@@ -32,6 +33,7 @@ use crate::handoff::{self, Published};
 use crate::metrics::{
     KindLabel, RestoreSource, ShardLabel, SourceLabel, StateLabel, WorkerMetrics,
 };
+use topk_runtime::control::Report;
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::output::{DeliveryCounter, send};
 
@@ -101,7 +103,7 @@ pub struct Worker {
     owned: BTreeMap<u32, Owned>,
     table_version: Option<u64>,
     tables: watch::Receiver<Option<AssignmentTable>>,
-    reports: mpsc::UnboundedSender<u64>,
+    reports: mpsc::UnboundedSender<Report>,
     last_checkpoint: Instant,
     last_snapshot: Instant,
     last_lag_check: Instant,
@@ -400,7 +402,7 @@ impl Worker {
     pub fn new(
         settings: WorkerSettings,
         tables: watch::Receiver<Option<AssignmentTable>>,
-        reports: mpsc::UnboundedSender<u64>,
+        reports: mpsc::UnboundedSender<Report>,
         health: Arc<Health>,
     ) -> Result<Self, Error> {
         let mut kafka = ClientConfig::new();
@@ -779,7 +781,7 @@ impl Worker {
         }
         self.table_version = Some(table.version);
         self.sink.health.ready.store(true, Ordering::SeqCst);
-        let _ = self.reports.send(table.version);
+        let _ = self.reports.send(Report::Applied(table.version));
         tracing::info!(
             version = table.version,
             shards = ?self.owned.keys().collect::<Vec<_>>(),
@@ -841,7 +843,28 @@ impl Worker {
             position = position.as_str(),
             "the shard's next offset is outside its partition; resuming at the oldest retained offset"
         );
+        let (kind, offsets_lost) = match position {
+            InputPosition::Expired { lost } => (LossKind::Expired, lost as u64),
+            _ => (LossKind::BeyondEnd, 0),
+        };
+        self.report_loss(
+            shard,
+            kind,
+            offsets_lost,
+            format!("saved offset {next_offset}, partition holds {low}..{high}"),
+        );
         Ok(low)
+    }
+
+    /// Tells the operator that a shard's counts miss input (the metric turns `Degraded`).
+    fn report_loss(&self, shard: u32, kind: LossKind, offsets_lost: u64, detail: String) {
+        let _ = self.reports.send(Report::Loss(ShardLoss {
+            shard,
+            kind,
+            offsets_lost,
+            at_ms: now_ms(),
+            detail,
+        }));
     }
 
     /// Moves shards whose offset the broker reported out of range to where
@@ -865,8 +888,11 @@ impl Worker {
     /// owner's release snapshot; if that owner is gone, an older snapshot (replayed from its
     /// offset) is just as exact, only slower.
     fn restore(&self, shard: u32, epoch: u64) -> Result<Owned, Error> {
+        // Why a saved state was not used, if one was found but refused.
+        let mut unusable = None;
         let local = match self.store.load(shard) {
             Err(Error::Decode(err)) => {
+                unusable = Some(format!("local checkpoint unreadable: {err}"));
                 // Rebuilt like a lost one: from the handoff snapshot, else the input.
                 tracing::error!(shard, %err, "local checkpoint unreadable; restoring without it");
                 self.sink
@@ -920,10 +946,16 @@ impl Worker {
                     // A changed counting configuration cannot reuse the old state: count the
                     // shard again from the oldest input still retained.
                     tracing::warn!(shard, %err, "recounting the shard from the start of its input");
+                    unusable = Some(format!("{} state: {err}", source.as_str()));
                     None
                 }
             }
         });
+        if restored.is_none()
+            && let Some(detail) = unusable
+        {
+            self.report_loss(shard, LossKind::StateUnusable, 0, detail);
+        }
         let source = restored
             .as_ref()
             .map_or(RestoreSource::Input, |(source, _)| *source)
