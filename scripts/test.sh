@@ -70,6 +70,15 @@ if [[ "$status" == 0 ]]; then
   fi
 fi
 
+# Every decoder of outside bytes under libFuzzer for a bounded time (fuzz/; the committed
+# corpus already ran through every target on stable in the suite above).
+if [[ "$status" == 0 && "${TOPK_FUZZ:-${CI:-}}" =~ ^(1|true)$ ]]; then
+  step "fuzz: each target for ${TOPK_FUZZ_SECONDS:-20}s (scripts/fuzz.sh)"
+  started=$SECONDS
+  ./scripts/fuzz.sh || status=$?
+  echo "fuzzing took $((SECONDS - started))s"
+fi
+
 # One closing line over every test binary (cargo prints one summary per binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "\ntests: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$log" || status=$?

@@ -363,7 +363,7 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         .worker_reports
         .as_ref()
         .and_then(|cm| cm.data.as_ref())
-        .map(|data| report::losses(data))
+        .map(report::losses)
         .unwrap_or_default()
         .into_iter()
         .filter(|l| l.recent(now_ms))

@@ -78,6 +78,8 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// The newest grades, oldest first.
     pub grades: Mutex<VecDeque<Grade>>,
+    /// The hours read (and checked) when the store was opened, for the reducer to take.
+    loaded_hours: Mutex<Option<Hours>>,
 }
 
 pub struct Reducer {
@@ -121,27 +123,30 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
     let path = settings.state_dir.join("rankings");
     let metric = &settings.merge.metric;
     let metrics = ReducerMetrics::default();
+    // Everything start-up reads (lists, bookkeeping, exact and streaming hours) must decode.
     let readable = |store: RankingStore| -> Result<_, Error> {
+        let store = Arc::new(store);
         let latest = store.latest()?;
         store.meta(&settings.merge.windows)?;
-        Ok((store, latest))
+        let hours = Hours::load(store.clone(), settings.tops_size())?;
+        Ok((store, latest, hours))
     };
-    let (store, latest) = match readable(RankingStore::open(&path, metric)?) {
-        Ok((store, latest)) => {
-            if store.set_aside().is_some() {
+    let (store, latest, hours) = match readable(RankingStore::open(&path, metric)?) {
+        Ok(found) => {
+            if found.0.set_aside().is_some() {
                 metrics.corrupt_store.inc();
-                store.rebuilt(now_ms())?;
+                found.0.rebuilt(now_ms())?;
             }
-            (store, latest)
+            found
         }
-        // Lists RocksDB can open but not read: set aside too, and rebuilt the same way.
+        // Records RocksDB can open but not decode: set aside too, and rebuilt the same way.
         Err(err @ Error::Json(_)) => {
             tracing::error!(%err, "ranking store unreadable; setting it aside and rebuilding");
             topk_runtime::store::set_aside(&path)?;
             metrics.corrupt_store.inc();
-            let (store, latest) = readable(RankingStore::open(&path, metric)?)?;
-            store.rebuilt(now_ms())?;
-            (store, latest)
+            let found = readable(RankingStore::open(&path, metric)?)?;
+            found.0.rebuilt(now_ms())?;
+            found
         }
         Err(err) => return Err(err),
     };
@@ -150,9 +155,10 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
     let shared = Arc::new(Shared {
         served: Arc::new(served),
         metrics,
-        store: Arc::new(store),
+        store,
         ready: AtomicBool::new(false),
         grades: Mutex::new(VecDeque::new()),
+        loaded_hours: Mutex::new(Some(hours)),
     });
     Ok(shared)
 }
@@ -210,7 +216,15 @@ impl Reducer {
             .set("fetch.queue.backoff.ms", "10")
             .create()?;
         let start = meta.resume_offset.unwrap_or(0);
-        let hours = Hours::load(shared.store.clone(), settings.tops_size())?;
+        let loaded = shared
+            .loaded_hours
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let hours = match loaded {
+            Some(hours) => hours,
+            None => Hours::load(shared.store.clone(), settings.tops_size())?,
+        };
         let exact_start = hours.resume_offset()?.unwrap_or(0);
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&settings.topics.summaries, 0, Offset::Offset(start))?;

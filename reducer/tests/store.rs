@@ -171,3 +171,49 @@ fn only_an_empty_list_is_deleted_and_its_versions_continue_above_the_deleted_one
         "the next version is 3"
     );
 }
+
+/// Start-up reads the exact hours with the lists: a store holding an exact-hour record that
+/// does not decode is set aside and rebuilt like one whose lists do not, never a crash loop.
+#[test]
+fn an_undecodable_exact_hour_sets_the_store_aside_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = topk_reducer::ReducerSettings {
+        name: "plays".into(),
+        merge: topk_reducer::ReducerConfig {
+            metric: "plays".into(),
+            config_version: "v1".into(),
+            shards: 1,
+            k: 3,
+            windows: vec!["1h".into()],
+            window_lengths: vec![Some(3_600_000)],
+        },
+        bucket_ms: vec![60_000],
+        bootstrap: "127.0.0.1:9".into(),
+        topics: topk_api::topics::TopicNames::of("test", "plays"),
+        state_dir: dir.path().to_owned(),
+        stale_after: std::time::Duration::from_secs(60),
+        keep_versions: 10,
+        keep_for: std::time::Duration::from_secs(3600),
+    };
+    let path = dir.path().join("rankings");
+    {
+        let store = RankingStore::open(&path, "plays").unwrap();
+        let v1 = [record("1h", "", 1, 1_000, "a")];
+        store.write_versions(&v1).unwrap();
+        store.point(&v1, &meta(1_000, 1)).unwrap();
+    }
+    {
+        // An exact-hour manifest record (tag `x`, hour 0) that is not JSON.
+        let db = rocksdb::DB::open_default(&path).unwrap();
+        let mut key = vec![b'x'];
+        key.extend_from_slice(&0i64.to_be_bytes());
+        db.put(key, b"\xff not json").unwrap();
+    }
+    let shared = topk_reducer::reducer::open_shared(&settings).expect("opened after set-aside");
+    assert_eq!(shared.metrics.corrupt_store.get(), 1);
+    assert!(topk_runtime::store::aside_path(&path).exists());
+    assert!(
+        shared.served.all().is_empty(),
+        "the rebuilt store starts empty"
+    );
+}
