@@ -72,7 +72,8 @@ fi
 
 # Every decoder of outside bytes under libFuzzer for a bounded time (fuzz/; the committed
 # corpus already ran through every target on stable in the suite above).
-if [[ "$status" == 0 && "${TOPK_FUZZ:-${CI:-}}" =~ ^(1|true)$ ]]; then
+# Run with the test environment (CI, and the README's `TOPK_TESTENV=up`), or `TOPK_FUZZ=1`.
+if [[ "$status" == 0 && ( -n "$testenv" || "${TOPK_FUZZ:-}" == 1 ) ]]; then
   step "fuzz: each target for ${TOPK_FUZZ_SECONDS:-20}s (scripts/fuzz.sh)"
   started=$SECONDS
   ./scripts/fuzz.sh || status=$?

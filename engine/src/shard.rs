@@ -225,14 +225,14 @@ impl ShardCounter {
     pub fn summary(&mut self, window: usize, watermark_ms: i64) -> ShardSummary {
         self.seq += 1;
         let cfg = &self.windows[window];
-        let (closed_through, total, max_overcount, scopes) = match &self.state {
+        let (closed_through, total, max_overcount, mut scopes) = match &self.state {
             State::Exact { keys, windows } => {
                 let w = &windows[window];
                 let mut per_scope: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.scopes.id_space()];
                 for (id, count) in w.counted() {
                     per_scope[keys.scope(id) as usize].push((id, count));
                 }
-                let scopes = per_scope
+                let scopes: Vec<ScopeItems> = per_scope
                     .into_iter()
                     .enumerate()
                     .filter(|(_, items)| !items.is_empty())
@@ -256,7 +256,7 @@ impl ShardCounter {
             }
             State::Approximate { windows } => {
                 let w = &windows[window];
-                let scopes = w
+                let scopes: Vec<ScopeItems> = w
                     .top()
                     .into_iter()
                     .map(|(scope, items)| ScopeItems {
@@ -271,7 +271,6 @@ impl ShardCounter {
             }
         };
         // By name, not by id: ids depend on which scopes expired before, a summary must not.
-        let mut scopes: Vec<ScopeItems> = scopes;
         scopes.sort_unstable_by(|a, b| a.scope.cmp(&b.scope));
         // All-time windows end too: at the boundary their closed buckets reach.
         let window_end_ms = match closed_through {
