@@ -6,6 +6,7 @@ pub mod crd;
 pub mod dataplane;
 pub mod duration;
 pub mod error;
+pub mod handoff;
 pub mod manifest;
 pub mod names;
 pub mod record;

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 
 use topk_api::assignment::AssignmentTable;
+use topk_api::handoff::SnapshotRecords;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, SummaryRecord};
 use topk_api::{DataPlaneConfig, load_manifest};
 use topk_engine::event::{Event, EventParser};
@@ -16,12 +17,13 @@ use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
 pub type Target = fn(&[u8]);
 
 /// The targets by name (as in `fuzz/fuzz_targets/` and `fuzz/corpus/`).
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("event", event),
     ("summary", summary),
     ("snapshot", snapshot),
     ("exact_hour", exact_hour),
     ("assignment", assignment),
+    ("handoff", handoff),
     ("manifest", manifest),
 ];
 
@@ -76,6 +78,25 @@ pub fn assignment(data: &[u8]) {
         for shard in 0..table.shards.len().min(4096) as u32 + 1 {
             let _ = table.owner(shard);
         }
+    }
+}
+
+/// A handoff partition's records (chunks, manifests and tombstones in any order) read by a
+/// worker gaining a shard, one per line: `key TAB snapshot-id TAB payload`; a line without a
+/// payload is a tombstone, an empty id no header.
+pub fn handoff(data: &[u8]) {
+    let mut records = SnapshotRecords::default();
+    for line in data.split(|b| *b == b'\n') {
+        let mut fields = line.splitn(3, |b| *b == b'\t');
+        let key = fields.next().unwrap_or_default();
+        let id = fields
+            .next()
+            .filter(|id| !id.is_empty())
+            .map(|id| String::from_utf8_lossy(id).into_owned());
+        records.record(key, id, fields.next());
+    }
+    for shard in 0..3 {
+        let _ = records.newest_complete(shard, |bytes| Ok(bytes.len()), |_| {});
     }
 }
 

@@ -1,16 +1,10 @@
 //! Shard snapshots on the compacted handoff topic, so that a worker gaining a shard starts
-//! from its previous owner's state instead of from the beginning of the input.
-//!
-//! Shard N's snapshots live on partition N. A snapshot is split into chunks (Kafka's default
-//! message limit is 1 MB) under keys `N/ID/0`, `N/ID/1`, ..., its id unique to the
-//! publication, and completed by a manifest under key `N@EPOCH`, written last. So a
-//! publication cut short never touches the snapshot in force (its chunks are under another
-//! id), and an owner of an older epoch, still running after the shard moved, writes only its
-//! own epoch's manifest: a reader takes the newest epoch's complete snapshot. Once a manifest
-//! is acknowledged, the chunks of the snapshot it replaces are deleted (tombstones), so
-//! compaction keeps about one snapshot per shard and epoch.
+//! from its previous owner's state instead of from the beginning of the input. The layout
+//! (chunks under a per-publication id, one manifest per epoch written last) and which
+//! snapshot a reader takes are [`topk_api::handoff`]'s; this is the Kafka side. Once a
+//! manifest is acknowledged, the chunks of the snapshot it replaces are deleted (tombstones),
+//! so compaction keeps about one snapshot per shard and epoch.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::Message;
@@ -18,27 +12,16 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use serde::{Deserialize, Serialize};
+use topk_api::handoff::{
+    SNAPSHOT_ID_HEADER, Skipped, SnapshotManifest, SnapshotRecords, chunk_key, manifest_key,
+};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::Error;
 use topk_runtime::output::{ChunkedWrite, DeliveryCounter, send};
 
 const CHUNK_BYTES: usize = 512 * 1024;
-const SNAPSHOT_ID: &str = "snapshot-id";
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Manifest {
-    snapshot_id: String,
-    chunks: usize,
-    epoch: u64,
-    next_offset: i64,
-    /// Written by an owner letting the shard go: its last state under that epoch.
-    #[serde(default)]
-    released: bool,
-}
 
 /// A snapshot read back from the handoff topic.
 pub struct Handoff {
@@ -62,14 +45,6 @@ impl Published {
     }
 }
 
-fn chunk_key(shard: u32, id: &str, chunk: usize) -> String {
-    format!("{shard}/{id}/{chunk}")
-}
-
-fn manifest_key(shard: u32, epoch: u64) -> String {
-    format!("{shard}@{epoch}")
-}
-
 /// Sends `cp` to partition `cp.shard` of `topic`, chunks first, manifest last once the chunks
 /// are acknowledged; `released` marks the final snapshot of an owner letting the shard go.
 /// Then deletes the chunks of `replaces`, the snapshot this one supersedes.
@@ -91,7 +66,7 @@ pub fn publish(
     for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
         let key = chunk_key(cp.shard, &id, i);
         let headers = OwnedHeaders::new().insert(Header {
-            key: SNAPSHOT_ID,
+            key: SNAPSHOT_ID_HEADER,
             value: Some(id.as_bytes()),
         });
         write.chunk(
@@ -103,7 +78,7 @@ pub fn publish(
         )?;
     }
     let chunks = write.chunks() as usize;
-    let manifest = serde_json::to_vec(&Manifest {
+    let manifest = serde_json::to_vec(&SnapshotManifest {
         snapshot_id: id.clone(),
         chunks,
         epoch: cp.epoch,
@@ -149,8 +124,7 @@ pub fn fetch_latest(
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(low))?;
     consumer.assign(&tpl)?;
-    // Latest value (and snapshot id header) per key; a tombstone removes its key.
-    let mut latest: HashMap<Vec<u8>, (Option<String>, Vec<u8>)> = HashMap::new();
+    let mut records = SnapshotRecords::default();
     let mut next = low;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while next < high {
@@ -165,71 +139,35 @@ pub fn fetch_latest(
         let msg = result?;
         next = msg.offset() + 1;
         let Some(key) = msg.key() else { continue };
-        let Some(payload) = msg.payload() else {
-            latest.remove(key);
-            continue;
-        };
         let id = msg.headers().and_then(|h| {
             h.iter()
-                .find(|h| h.key == SNAPSHOT_ID)
+                .find(|h| h.key == SNAPSHOT_ID_HEADER)
                 .and_then(|h| h.value)
                 .map(|v| String::from_utf8_lossy(v).into_owned())
         });
-        latest.insert(key.to_vec(), (id, payload.to_vec()));
+        records.record(key, id, msg.payload());
     }
-    let prefix = format!("{shard}@");
-    let mut manifests: Vec<Manifest> = latest
-        .iter()
-        .filter(|(key, _)| key.starts_with(prefix.as_bytes()))
-        .filter_map(|(_, (_, value))| match serde_json::from_slice(value) {
-            Ok(manifest) => Some(manifest),
-            Err(err) => {
-                tracing::warn!(shard, %err, "unreadable snapshot manifest on {topic}; ignoring it");
-                None
+    let chosen = records.newest_complete(
+        shard,
+        |bytes| Checkpoint::decode(bytes).map_err(|e| e.to_string()),
+        |skipped| match skipped {
+            Skipped::Unreadable(err) => {
+                tracing::warn!(shard, %err, "unreadable snapshot manifest on {topic}; ignoring it")
             }
-        })
-        .collect();
-    manifests.sort_by_key(|m| std::cmp::Reverse(m.epoch));
-    for manifest in manifests {
-        let decoded = assemble(&latest, shard, &manifest)
-            .ok_or_else(|| "incomplete".to_owned())
-            .and_then(|bytes| Checkpoint::decode(&bytes).map_err(|e| e.to_string()));
-        match decoded {
-            Ok(checkpoint) => {
-                return Ok(Some(Handoff {
-                    checkpoint,
-                    released: manifest.released,
-                    published: Published {
-                        id: manifest.snapshot_id,
-                        chunks: manifest.chunks,
-                    },
-                }));
-            }
-            Err(why) => tracing::warn!(
+            Skipped::Unusable { manifest, why } => tracing::warn!(
                 shard,
                 epoch = manifest.epoch,
                 "snapshot {} on {topic} is not usable ({why}); trying an older epoch's",
                 manifest.snapshot_id
             ),
-        }
-    }
-    Ok(None)
-}
-
-/// The snapshot `manifest` names, if every chunk of it is there.
-fn assemble(
-    latest: &HashMap<Vec<u8>, (Option<String>, Vec<u8>)>,
-    shard: u32,
-    manifest: &Manifest,
-) -> Option<Vec<u8>> {
-    let mut bytes = Vec::new();
-    for i in 0..manifest.chunks {
-        match latest.get(chunk_key(shard, &manifest.snapshot_id, i).as_bytes()) {
-            Some((Some(id), chunk)) if *id == manifest.snapshot_id => {
-                bytes.extend_from_slice(chunk)
-            }
-            _ => return None,
-        }
-    }
-    Some(bytes)
+        },
+    );
+    Ok(chosen.map(|chosen| Handoff {
+        checkpoint: chosen.snapshot,
+        released: chosen.manifest.released,
+        published: Published {
+            id: chosen.manifest.snapshot_id,
+            chunks: chosen.manifest.chunks,
+        },
+    }))
 }
