@@ -17,6 +17,9 @@ pub enum LossKind {
     Expired,
     /// The partition ends below the saved offset: the topic was re-created or truncated.
     BeyondEnd,
+    /// The input topic has another id than the one the state counted: it was deleted and
+    /// created again, so the shard counts the new partition from its start.
+    Recreated,
     /// A saved state (checkpoint or handoff snapshot) could not be used: the shard was
     /// counted again from the oldest retained input.
     StateUnusable,
@@ -50,6 +53,10 @@ impl ShardLoss {
             ),
             LossKind::BeyondEnd => {
                 "its input partition ends below the saved offset (topic re-created or truncated)"
+                    .to_owned()
+            }
+            LossKind::Recreated => {
+                "its input topic was deleted and created again (a new topic id); the new partition is counted from its start"
                     .to_owned()
             }
             LossKind::StateUnusable => {

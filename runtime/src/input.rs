@@ -191,6 +191,89 @@ impl Drop for InputConsumer {
     }
 }
 
+impl InputConsumer {
+    /// The broker's id of `topic` (Kafka's topic id, base64), which changes when the topic is
+    /// deleted and created again under the same name; `None` for a topic that does not exist
+    /// or a broker that gives no ids. The crate wraps no DescribeTopics call, hence here.
+    pub fn topic_id(&self, topic: &str, timeout: Duration) -> Result<Option<String>, Error> {
+        let client = self.consumer.client().native_ptr();
+        let name = std::ffi::CString::new(topic)
+            .map_err(|_| Error::Config(format!("topic name {topic:?} holds a NUL byte")))?;
+        let mut names = [name.as_ptr()];
+        let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `client` is live; the new queue is destroyed by `Queue` after the poll below.
+        let queue = Queue::new(unsafe { rd::rd_kafka_queue_new(client) }, "admin result")?;
+        // SAFETY: `names` holds one live NUL-terminated string, copied by librdkafka; the
+        // collection and the options are destroyed once below, after the request took them.
+        let event = unsafe {
+            let collection = rd::rd_kafka_TopicCollection_of_topic_names(names.as_mut_ptr(), 1);
+            let options = rd::rd_kafka_AdminOptions_new(
+                client,
+                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+            );
+            if !options.is_null() {
+                rd::rd_kafka_AdminOptions_set_request_timeout(
+                    options,
+                    timeout_ms,
+                    std::ptr::null_mut(),
+                    0,
+                );
+            }
+            rd::rd_kafka_DescribeTopics(client, collection, options, queue.0.as_ptr());
+            rd::rd_kafka_AdminOptions_destroy(options);
+            rd::rd_kafka_TopicCollection_destroy(collection);
+            rd::rd_kafka_queue_poll(queue.0.as_ptr(), timeout_ms.saturating_add(1_000))
+        };
+        let Some(event) = NonNull::new(event) else {
+            return Err(Error::Config(format!("no answer describing topic {topic}")));
+        };
+        // SAFETY: `event` is live until destroyed at the end; the descriptions, their names,
+        // errors and ids live as long as it, and are read before.
+        unsafe {
+            let event = event.as_ptr();
+            let err = rd::rd_kafka_event_error(event);
+            let found = if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                Err(KafkaError::AdminOp(err.into()).into())
+            } else {
+                let result = rd::rd_kafka_event_DescribeTopics_result(event);
+                let mut count = 0usize;
+                let topics = if result.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    rd::rd_kafka_DescribeTopics_result_topics(result, &mut count)
+                };
+                let descriptions: &[*const rd::rd_kafka_TopicDescription_t] = if topics.is_null() {
+                    &[]
+                } else {
+                    std::slice::from_raw_parts(topics, count)
+                };
+                let mut id = None;
+                for &description in descriptions {
+                    let error = rd::rd_kafka_TopicDescription_error(description);
+                    let code = if error.is_null() {
+                        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                    } else {
+                        rd::rd_kafka_error_code(error)
+                    };
+                    if code != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                        || c_text(rd::rd_kafka_TopicDescription_name(description)) != topic
+                    {
+                        continue;
+                    }
+                    let uuid = rd::rd_kafka_TopicDescription_topic_id(description);
+                    if !uuid.is_null() {
+                        id = Some(c_text(rd::rd_kafka_Uuid_base64str(uuid)));
+                    }
+                }
+                // An all-zero id is a broker without topic ids.
+                Ok(id.filter(|id| !id.is_empty() && id != "AAAAAAAAAAAAAAAAAAAAAA"))
+            };
+            rd::rd_kafka_event_destroy(event);
+            found
+        }
+    }
+}
+
 /// A C string of librdkafka's, lossily, or "" for none.
 fn c_text(ptr: *const c_char) -> String {
     if ptr.is_null() {

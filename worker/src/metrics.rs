@@ -69,6 +69,7 @@ pub struct WorkerMetrics {
     pub watermark_lag_seconds: Family<ShardLabel, Gauge>,
     pub checkpoint_seconds: Histogram,
     pub checkpoint_bytes: Gauge,
+    pub checkpoint_failures: Counter,
     pub state_bytes: Gauge,
     pub scopes: Gauge,
     pub scopes_expired: Counter,
@@ -94,6 +95,7 @@ impl Default for WorkerMetrics {
             watermark_lag_seconds: Family::default(),
             checkpoint_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             checkpoint_bytes: Gauge::default(),
+            checkpoint_failures: Counter::default(),
             state_bytes: Gauge::default(),
             scopes: Gauge::default(),
             scopes_expired: Counter::default(),
@@ -111,7 +113,7 @@ impl Default for WorkerMetrics {
                 source: source.as_str(),
             });
         }
-        for kind in ["expired", "beyond_end"] {
+        for kind in ["expired", "beyond_end", "recreated"] {
             let _ = m.input_gaps.get_or_create(&KindLabel { kind });
         }
         for state in ["store", "checkpoint"] {
@@ -136,7 +138,7 @@ impl Default for WorkerMetrics {
         );
         registry.register(
             "input_gaps",
-            "Times a shard's next input offset was outside its partition: expired (deleted by retention before it was read) or beyond_end (the partition was re-created or truncated); the shard then resumes at the oldest retained offset",
+            "Times a shard's next input offset was outside its partition: expired (deleted by retention before it was read), beyond_end (the partition was truncated, or re-created where the broker gives no topic ids) or recreated (the input topic has a new id: deleted and created again); the shard then resumes at the oldest retained offset",
             m.input_gaps.clone(),
         );
         registry.register(
@@ -178,6 +180,11 @@ impl Default for WorkerMetrics {
             "checkpoint_duration_seconds",
             "Time to flush output and write a checkpoint",
             m.checkpoint_seconds.clone(),
+        );
+        registry.register(
+            "checkpoint_failures",
+            "Checkpoints the local store refused to write (a full or failing volume); counting goes on and the next interval tries again",
+            m.checkpoint_failures.clone(),
         );
         registry.register(
             "checkpoint_bytes",

@@ -77,6 +77,8 @@ struct Owned {
     published: Option<Published>,
     /// Scopes the stream had expired when the metric was last updated.
     expired_scopes_counted: u64,
+    /// Kafka's id of the input topic the state counts, if the broker gives ids.
+    input_topic_id: Option<String>,
 }
 
 /// State shared with the HTTP endpoints.
@@ -132,11 +134,23 @@ pub enum InputPosition {
     /// Past the partition's end: the partition was re-created or truncated since the state
     /// was saved. The state keeps what it counted; resume at `low`, the new partition's start.
     BeyondEnd,
+    /// Of another topic than the one the state counted (its id changed: deleted and created
+    /// again), wherever its offsets stand. As [`Self::BeyondEnd`]: resume at `low`.
+    Recreated,
 }
 
 impl InputPosition {
-    pub fn of(next_offset: i64, low: i64, high: i64) -> Self {
-        if next_offset < low {
+    /// Where `next_offset`, saved while reading the topic `counted` (its id, if known), stands
+    /// in the topic `current` now is, whose partition holds `[low, high)`.
+    pub fn of(
+        next_offset: i64,
+        (counted, current): (Option<&str>, Option<&str>),
+        low: i64,
+        high: i64,
+    ) -> Self {
+        if counted.zip(current).is_some_and(|(a, b)| a != b) {
+            Self::Recreated
+        } else if next_offset < low {
             Self::Expired {
                 lost: low - next_offset,
             }
@@ -152,6 +166,7 @@ impl InputPosition {
             Self::Retained => "retained",
             Self::Expired { .. } => "expired",
             Self::BeyondEnd => "beyond_end",
+            Self::Recreated => "recreated",
         }
     }
 }
@@ -611,8 +626,20 @@ impl Worker {
             return Err(Error::Delivery(failed));
         }
         let checkpoints = self.checkpoints();
-        let bytes = self.store.save(&checkpoints)?;
         let metrics = &self.sink.health.metrics;
+        let bytes = match self.store.save(&checkpoints) {
+            Ok(bytes) => bytes,
+            Err(err @ Error::Store(_)) => {
+                // A full or failing volume: counting goes on in memory and the next interval
+                // tries again (on a reopened store). A crash before then replays from the last
+                // checkpoint written, which is as exact; idle summaries wait for a checkpoint.
+                metrics.checkpoint_failures.inc();
+                tracing::error!(%err, "checkpoint not written; counting on and retrying at the next interval");
+                self.last_checkpoint = Instant::now();
+                return Ok(());
+            }
+            Err(err) => return Err(err),
+        };
         metrics
             .checkpoint_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -642,6 +669,7 @@ impl Worker {
         self.send_outboxes()?;
         if self.last_lag_check.elapsed() >= LAG_CHECK_EVERY {
             self.measure_lag();
+            self.check_input_topic();
         }
         Ok(())
     }
@@ -685,6 +713,65 @@ impl Worker {
         self.last_lag_check = Instant::now();
     }
 
+    /// Catches the one re-creation of the input topic the broker cannot report: deleted and
+    /// created again under the running worker, and refilled past a shard's next offset before
+    /// the shard fetched again, it is read on from there without an out-of-range answer, its
+    /// start unread. Its new id tells: the gap is counted and reported (how many offsets went
+    /// unread is not known). A shard whose offset is past the new end is left to the broker's
+    /// out-of-range answer.
+    fn check_input_topic(&mut self) {
+        let Some(current) = self.input_topic_id() else {
+            return;
+        };
+        let mut missed = Vec::new();
+        for (shard, owned) in &mut self.owned {
+            if owned.input_topic_id.as_ref() == Some(&current) {
+                continue;
+            }
+            if let Some(counted) = &owned.input_topic_id {
+                let high = self
+                    .input
+                    .consumer()
+                    .fetch_watermarks(
+                        &self.sink.settings.input_topic,
+                        *shard as i32,
+                        Duration::from_secs(1),
+                    )
+                    .map(|(_, high)| high);
+                match high {
+                    Ok(high) if owned.next_offset <= high => {
+                        missed.push((*shard, counted.clone(), owned.next_offset));
+                    }
+                    _ => continue,
+                }
+            }
+            owned.input_topic_id = Some(current.clone());
+        }
+        for (shard, counted, next_offset) in missed {
+            self.sink
+                .health
+                .metrics
+                .input_gaps
+                .get_or_create(&KindLabel {
+                    kind: InputPosition::Recreated.as_str(),
+                })
+                .inc();
+            tracing::error!(
+                shard,
+                counted_topic_id = counted,
+                topic_id = current,
+                next_offset,
+                "the input topic was created again under the running worker and read on from the old offset"
+            );
+            self.report_loss(
+                shard,
+                LossKind::Recreated,
+                0,
+                format!("re-created while running; offsets of the new partition below {next_offset} may be uncounted"),
+            );
+        }
+    }
+
     fn checkpoints(&self) -> Vec<Checkpoint> {
         self.owned
             .iter()
@@ -694,6 +781,7 @@ impl Worker {
                 next_offset: o.next_offset,
                 stream: o.stream.snapshot(),
                 outbox: o.outbox.clone(),
+                input_topic_id: o.input_topic_id.clone(),
             })
             .collect()
     }
@@ -748,7 +836,10 @@ impl Worker {
             }
             for shard in &released {
                 self.owned.remove(shard);
-                self.store.remove(*shard)?;
+                // Left behind, it is older than any state the shard comes back with.
+                if let Err(err) = self.store.remove(*shard) {
+                    tracing::warn!(shard, %err, "cannot forget the released shard's checkpoint");
+                }
                 tracing::info!(shard, "released");
             }
         }
@@ -804,9 +895,28 @@ impl Worker {
         Ok(())
     }
 
-    /// Where a shard resumes from `next_offset`: there if the partition still holds it, else
-    /// from the partition's oldest offset, counted and logged as the gap it is.
-    fn resume_offset(&self, shard: u32, next_offset: i64) -> Result<i64, Error> {
+    /// The input topic's id now, if the broker gives one; `None` (so offsets alone decide)
+    /// when it cannot be read.
+    fn input_topic_id(&self) -> Option<String> {
+        let topic = &self.sink.settings.input_topic;
+        self.input
+            .topic_id(topic, Duration::from_secs(10))
+            .unwrap_or_else(|err| {
+                tracing::warn!(%err, "cannot read the input topic's id; offsets alone decide");
+                None
+            })
+    }
+
+    /// Where a shard resumes from `next_offset`, saved while counting the topic whose id is
+    /// `counted`: there if the partition still holds it, else from the partition's oldest
+    /// offset, counted and logged as the gap it is. Returns the offset and the topic's id now.
+    fn resume_offset(
+        &self,
+        shard: u32,
+        next_offset: i64,
+        counted: Option<&str>,
+    ) -> Result<(i64, Option<String>), Error> {
+        let current = self.input_topic_id();
         let watermarks = self.input.consumer().fetch_watermarks(
             &self.sink.settings.input_topic,
             shard as i32,
@@ -818,12 +928,12 @@ impl Worker {
                 // Checked again by the broker itself: an offset out of range comes back as
                 // an error message, handled by `resume_out_of_range`.
                 tracing::warn!(shard, %err, "cannot read the partition's offsets; resuming as saved");
-                return Ok(next_offset);
+                return Ok((next_offset, counted.map(str::to_owned).or(current)));
             }
         };
-        let position = InputPosition::of(next_offset, low, high);
+        let position = InputPosition::of(next_offset, (counted, current.as_deref()), low, high);
         if position == InputPosition::Retained {
-            return Ok(next_offset);
+            return Ok((next_offset, current.or(counted.map(str::to_owned))));
         }
         let metrics = &self.sink.health.metrics;
         metrics
@@ -840,11 +950,14 @@ impl Worker {
             next_offset,
             low,
             high,
+            counted_topic_id = counted,
+            topic_id = current.as_deref(),
             position = position.as_str(),
             "the shard's next offset is outside its partition; resuming at the oldest retained offset"
         );
         let (kind, offsets_lost) = match position {
             InputPosition::Expired { lost } => (LossKind::Expired, lost as u64),
+            InputPosition::Recreated => (LossKind::Recreated, 0),
             _ => (LossKind::BeyondEnd, 0),
         };
         self.report_loss(
@@ -853,7 +966,7 @@ impl Worker {
             offsets_lost,
             format!("saved offset {next_offset}, partition holds {low}..{high}"),
         );
-        Ok(low)
+        Ok((low, current))
     }
 
     /// Tells the operator that a shard's counts miss input (the metric turns `Degraded`).
@@ -871,12 +984,17 @@ impl Worker {
     /// [`Self::resume_offset`] says, and reads them again.
     fn resume_out_of_range(&mut self, shards: &[u32]) -> Result<(), Error> {
         for shard in shards {
-            let Some(next_offset) = self.owned.get(shard).map(|o| o.next_offset) else {
+            let Some((next_offset, counted)) = self
+                .owned
+                .get(shard)
+                .map(|o| (o.next_offset, o.input_topic_id.clone()))
+            else {
                 continue;
             };
-            let resume = self.resume_offset(*shard, next_offset)?;
+            let (resume, topic_id) = self.resume_offset(*shard, next_offset, counted.as_deref())?;
             if let Some(owned) = self.owned.get_mut(shard) {
                 owned.next_offset = resume;
+                owned.input_topic_id = topic_id;
             }
         }
         self.assign_owned()
@@ -887,7 +1005,7 @@ impl Worker {
     /// A shard that moved here (epoch above 1) waits up to `handoff_wait` for its previous
     /// owner's release snapshot; if that owner is gone, an older snapshot (replayed from its
     /// offset) is just as exact, only slower.
-    fn restore(&self, shard: u32, epoch: u64) -> Result<Owned, Error> {
+    fn restore(&mut self, shard: u32, epoch: u64) -> Result<Owned, Error> {
         // Why a saved state was not used, if one was found but refused.
         let mut unusable = None;
         let local = match self.store.load(shard) {
@@ -903,6 +1021,13 @@ impl Worker {
                         state: "checkpoint",
                     })
                     .inc();
+                None
+            }
+            Err(err @ Error::Store(_)) => {
+                // Closed by a failed write and not reopened (a volume still full): the
+                // handoff snapshot and the input are as exact.
+                unusable = Some(format!("local checkpoint store unavailable: {err}"));
+                tracing::error!(shard, %err, "local checkpoint store unavailable; restoring without it");
                 None
             }
             other => other?,
@@ -941,7 +1066,10 @@ impl Worker {
         .max_by_key(|(_, cp)| (cp.epoch, cp.next_offset));
         let restored = newest.and_then(|(source, cp)| {
             match ShardStream::restore(&self.sink.settings.engine, &cp.stream) {
-                Ok(stream) => Some((source, (stream, cp.next_offset, cp.outbox))),
+                Ok(stream) => Some((
+                    source,
+                    (stream, cp.next_offset, cp.outbox, cp.input_topic_id),
+                )),
                 Err(err) => {
                     // A changed counting configuration cannot reuse the old state: count the
                     // shard again from the oldest input still retained.
@@ -967,7 +1095,7 @@ impl Worker {
             .shard_restores
             .get_or_create(&SourceLabel { source })
             .inc();
-        let (mut stream, next_offset, outbox) = match restored {
+        let (mut stream, next_offset, outbox, counted) = match restored {
             Some((_, found)) => found,
             None => {
                 let (low, _) = self.input.consumer().fetch_watermarks(
@@ -979,11 +1107,13 @@ impl Worker {
                     ShardStream::new(&self.sink.settings.engine, shard),
                     low,
                     Vec::new(),
+                    None,
                 )
             }
         };
         stream.set_epoch(epoch);
-        let next_offset = self.resume_offset(shard, next_offset)?;
+        let (next_offset, input_topic_id) =
+            self.resume_offset(shard, next_offset, counted.as_deref())?;
         Ok(Owned {
             stream,
             parser: EventParser::new(self.sink.settings.engine.max_key_bytes),
@@ -994,6 +1124,7 @@ impl Worker {
             outbox,
             published,
             expired_scopes_counted: 0,
+            input_topic_id,
         })
     }
 }
@@ -1004,15 +1135,29 @@ mod tests {
 
     #[test]
     fn a_next_offset_outside_the_retained_range_is_named() {
-        assert_eq!(InputPosition::of(5, 0, 10), InputPosition::Retained);
-        assert_eq!(InputPosition::of(10, 0, 10), InputPosition::Retained);
-        assert_eq!(InputPosition::of(0, 0, 0), InputPosition::Retained);
+        let same = (Some("id"), Some("id"));
+        assert_eq!(InputPosition::of(5, same, 0, 10), InputPosition::Retained);
+        assert_eq!(InputPosition::of(10, same, 0, 10), InputPosition::Retained);
+        assert_eq!(InputPosition::of(0, same, 0, 0), InputPosition::Retained);
         assert_eq!(
-            InputPosition::of(3, 8, 10),
+            InputPosition::of(3, same, 8, 10),
             InputPosition::Expired { lost: 5 }
         );
-        assert_eq!(InputPosition::of(11, 0, 10), InputPosition::BeyondEnd);
-        // A re-created, empty partition.
-        assert_eq!(InputPosition::of(500, 0, 0), InputPosition::BeyondEnd);
+        assert_eq!(InputPosition::of(11, same, 0, 10), InputPosition::BeyondEnd);
+        // A re-created, empty partition whose id is not known.
+        assert_eq!(
+            InputPosition::of(500, (None, Some("new")), 0, 0),
+            InputPosition::BeyondEnd
+        );
+    }
+
+    #[test]
+    fn another_topic_id_is_a_recreated_topic_wherever_its_offsets_stand() {
+        for (next, low, high) in [(5, 0, 10), (500, 0, 0), (3, 8, 10)] {
+            assert_eq!(
+                InputPosition::of(next, (Some("old"), Some("new")), low, high),
+                InputPosition::Recreated
+            );
+        }
     }
 }

@@ -35,6 +35,7 @@ fn checkpoint(epoch: u64, next_offset: i64, outbox_bytes: usize) -> Checkpoint {
         next_offset,
         stream: stream.snapshot(),
         outbox: vec![vec![(next_offset % 251) as u8; outbox_bytes]],
+        input_topic_id: None,
     }
 }
 
