@@ -18,6 +18,35 @@ use topk_testenv::{TestEnv, list_items, metric_manifest, read_partition, unique_
 
 const SHARDS: u32 = 2;
 const WAIT: Duration = Duration::from_secs(120);
+const NS: &str = "e2e";
+
+/// A new metric on the test broker: its topics, a temporary directory and the config the
+/// operator renders for it (namespace [`NS`]).
+struct NewMetric {
+    name: String,
+    input: String,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+}
+
+impl NewMetric {
+    /// `prefix` names the metric (and its input topic); `spec` is the spec below `source`.
+    fn create(env: &TestEnv, prefix: &str, spec: &str) -> Self {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let name = unique_name(prefix);
+        let input = unique_name(&format!("{prefix}-input"));
+        runtime.block_on(env.create_metric_topics(NS, &name, &input, SHARDS));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifest = metric_manifest(&name, "plays", &env.kafka_bootstrap, &input, spec);
+        let config = common::rendered_config(dir.path(), &manifest, NS);
+        Self {
+            name,
+            input,
+            dir,
+            config,
+        }
+    }
+}
 
 fn manifest(name: &str, bootstrap: &str, topic: &str, deny: &[&str]) -> String {
     let deny = deny.join(", ");
@@ -39,6 +68,26 @@ windows:
 "#
         ),
     )
+}
+
+/// Waits until the reducer at `base` serves `want`'s list of each scope in the all-time window.
+fn await_all_time(base: &str, want: &BTreeMap<String, Vec<(String, u64)>>, what: &str) {
+    for (scope, expected) in want {
+        let url = format!("{base}/v1/rankings/plays?window=all&scope={scope}");
+        common::await_some(&format!("the {what} list of scope {scope:?}"), WAIT, || {
+            let (status, body) = common::get(&url);
+            let list: Value = serde_json::from_str(&body).ok()?;
+            (status == 200 && &list_items(&list) == expected).then_some(())
+        });
+    }
+}
+
+/// A producer keying events as topk's producers must (Kafka's default partitioner).
+fn producer(env: &TestEnv) -> ThreadedProducer<DefaultProducerContext> {
+    env.kafka_config()
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer")
 }
 
 /// Exact top `k` per scope of everything produced, without the denied keys.
@@ -182,17 +231,9 @@ fn summaries_over_the_record_budget_arrive_in_parts_and_the_lists_stay_exact() {
     const BUDGET: usize = 65_536;
     const SCOPES: u32 = 300;
     const KEYS: u32 = 30;
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let ns = "e2e";
-    let name = unique_name("plays");
-    let input = unique_name("plays-input");
-    runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = metric_manifest(
-        &name,
+    let metric = NewMetric::create(
+        &env,
         "plays",
-        &env.kafka_bootstrap,
-        &input,
         &format!(
             r#"
 shards: {SHARDS}
@@ -204,17 +245,12 @@ windows:
 "#
         ),
     );
-    let config = common::rendered_config(dir.path(), &manifest, ns);
-    let mut stack = common::Stack::start(dir.path(), &config);
+    let mut stack = common::Stack::start(metric.dir.path(), &metric.config);
     let mut worker0 = Some(stack.worker(0));
     let _worker1 = stack.worker(1);
 
     // 300 scopes of 30 keys: about 150 KB of lists per shard, several parts each.
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("partitioner", "murmur2_random")
-        .create()
-        .expect("producer");
+    let producer = producer(&env);
     let time = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
@@ -231,7 +267,7 @@ windows:
             .to_string();
             producer
                 .send(
-                    BaseRecord::to(&input)
+                    BaseRecord::to(&metric.input)
                         .key(&message_key("plays", &scope, &key))
                         .payload(&payload),
                 )
@@ -242,19 +278,8 @@ windows:
     producer.flush(Duration::from_secs(30)).expect("flush");
 
     let want = oracle(&counts, &[], 100);
-    let await_exact = |stack: &common::Stack, what: &str| {
-        for (scope, expected) in &want {
-            let url = format!(
-                "{}/v1/rankings/plays?window=all&scope={scope}",
-                stack.reducer.base
-            );
-            common::await_some(&format!("the {what} list of scope {scope}"), WAIT, || {
-                let (status, body) = common::get(&url);
-                let list: Value = serde_json::from_str(&body).ok()?;
-                (status == 200 && &list_items(&list) == expected).then_some(())
-            });
-        }
-    };
+    let await_exact =
+        |stack: &common::Stack, what: &str| await_all_time(&stack.reducer.base, &want, what);
     await_exact(&stack, "first");
     let version = |stack: &common::Stack| {
         let url = format!(
@@ -267,7 +292,11 @@ windows:
     let before = version(&stack);
 
     // Every record the workers sent fits the budget, and the lists did need parts.
-    let records = read_partition(&env.kafka_config(), &TopicNames::of(ns, &name).summaries, 0);
+    let records = read_partition(
+        &env.kafka_config(),
+        &TopicNames::of(NS, &metric.name).summaries,
+        0,
+    );
     let mut split = 0;
     for record in &records {
         assert!(
@@ -316,17 +345,9 @@ fn scopes_that_leave_every_window_expire_from_workers_and_reducer() {
     let Some(env) = TestEnv::get("scope expiry end to end") else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let ns = "e2e";
-    let name = unique_name("tenants");
-    let input = unique_name("tenants-input");
-    runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = metric_manifest(
-        &name,
-        "plays",
-        &env.kafka_bootstrap,
-        &input,
+    let metric = NewMetric::create(
+        &env,
+        "tenants",
         &format!(
             r#"
 shards: {SHARDS}
@@ -339,14 +360,9 @@ windows:
 "#
         ),
     );
-    let config = common::rendered_config(dir.path(), &manifest, ns);
-    let mut stack = common::Stack::start(dir.path(), &config);
+    let mut stack = common::Stack::start(metric.dir.path(), &metric.config);
     let workers = [stack.served_worker(0), stack.served_worker(1)];
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("partitioner", "murmur2_random")
-        .create()
-        .expect("producer");
+    let producer = producer(&env);
     let produce = |scope: &str, keys: &[&str]| {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -359,7 +375,7 @@ windows:
             .to_string();
             let mkey = message_key("plays", scope, key);
             producer
-                .send(BaseRecord::to(&input).key(&mkey).payload(&payload))
+                .send(BaseRecord::to(&metric.input).key(&mkey).payload(&payload))
                 .expect("enqueue");
         }
         producer.flush(Duration::from_secs(30)).expect("flush");
@@ -433,4 +449,258 @@ windows:
         back["version"].as_u64().expect("version") > last_version,
         "{back}"
     );
+}
+
+/// The reducer SIGKILLed at random points of its publication cycle, eight times while the
+/// input grows: after every kill its store points, for every scope, at one and the same window
+/// end whose lists are exactly the oracle's for that end (never a half publication, never a
+/// list of another end); no list's version goes back; and the restarted reducer ends on the
+/// oracle's lists.
+#[test]
+fn a_reducer_sigkilled_at_random_points_never_leaves_a_half_publication() {
+    let Some(env) = TestEnv::get("reducer SIGKILLed while publishing") else {
+        return;
+    };
+    const ROUNDS: usize = 8;
+    const SCOPES: u64 = 40;
+    const K: usize = 10;
+    let metric = NewMetric::create(
+        &env,
+        "plays",
+        &format!(
+            r#"
+shards: {SHARDS}
+k: {K}
+allowedLateness: 200ms
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
+windows:
+  - {{name: all, allTime: true, bucket: 200ms}}
+"#
+        ),
+    );
+    let mut stack = common::Stack::start(metric.dir.path(), &metric.config);
+    let _workers = [stack.worker(0), stack.worker(1)];
+    let producer = producer(&env);
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64
+    };
+    // Every event: (event time, scope, key, cost), for the oracle of any window end.
+    let mut events: Vec<(i64, String, String, u64)> = Vec::new();
+    let oracle_at = |events: &[(i64, String, String, u64)], end: i64| {
+        let mut counts = BTreeMap::new();
+        for (_, scope, key, cost) in events.iter().filter(|e| e.0 < end) {
+            *counts.entry((scope.clone(), key.clone())).or_default() += cost;
+        }
+        oracle(&counts, &[], K)
+    };
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut time = 0i64;
+    let mut seen_versions: BTreeMap<String, u64> = BTreeMap::new();
+    let mut ends = Vec::new();
+    for round in 0..ROUNDS {
+        // Times go on from the clock, ahead of any idle shard's watermark.
+        time = time.max(now_ms());
+        for _ in 0..1_500 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            time += 1;
+            let scope = format!("s{:02}", state % SCOPES);
+            let key = format!("k{}", (state >> 8) % 7 * ((state >> 16) % 5));
+            let cost = 1 + (state >> 24) % 4;
+            let payload = serde_json::json!({
+                "event_time": time, "metric": "plays", "scope": scope, "key": key, "cost": cost,
+            })
+            .to_string();
+            producer
+                .send(
+                    BaseRecord::to(&metric.input)
+                        .key(&message_key("plays", &scope, &key))
+                        .payload(&payload),
+                )
+                .expect("enqueue");
+            events.push((time, scope, key, cost));
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+        // A random point in the reducer's cycle: it publishes every 200 ms of event time.
+        std::thread::sleep(Duration::from_millis(200 + (state >> 32) % 1_300));
+        let _ = stack.reducer.child.kill();
+        let _ = stack.reducer.child.wait();
+
+        // What readers would be served from the store the killed reducer left.
+        let store = topk_reducer::store::RankingStore::open(&stack.reducer_store(), "plays")
+            .expect("the killed reducer's store opens");
+        let lists = store.latest().expect("pointed lists");
+        drop(store);
+        let published: Vec<i64> = lists
+            .iter()
+            .map(|r| {
+                r.window_end
+                    .as_deref()
+                    .and_then(topk_engine::event::parse_rfc3339_ms)
+                    .expect("a window end")
+            })
+            .collect();
+        if let Some(&end) = published.first() {
+            assert!(
+                published.iter().all(|e| *e == end),
+                "round {round}: lists of several window ends are pointed to: {published:?}"
+            );
+            let want = oracle_at(&events, end);
+            for record in &lists {
+                let items: Vec<(String, u64)> = record
+                    .items
+                    .iter()
+                    .map(|i| (i.key.clone(), i.count))
+                    .collect();
+                assert_eq!(
+                    &items,
+                    want.get(&record.scope).unwrap_or(&Vec::new()),
+                    "round {round}: scope {:?} at window end {end}",
+                    record.scope
+                );
+                let seen = seen_versions.entry(record.scope.clone()).or_default();
+                assert!(
+                    record.version >= *seen,
+                    "round {round}: {:?} went back from version {seen} to {}",
+                    record.scope,
+                    record.version
+                );
+                *seen = record.version;
+            }
+            for scope in want.keys() {
+                assert!(
+                    lists.iter().any(|r| &r.scope == scope),
+                    "round {round}: scope {scope:?} has events before {end} but no list"
+                );
+            }
+            ends.push(end);
+        }
+        stack.restart_reducer();
+    }
+    assert!(
+        ends.len() >= ROUNDS / 2,
+        "the reducer published before too few kills: {ends:?}"
+    );
+
+    // The last reducer serves every event.
+    await_all_time(&stack.reducer.base, &oracle_at(&events, i64::MAX), "final");
+}
+
+/// A zombie: shard 0 moves from worker 0 to worker 1 (epoch 2), but worker 0 never hears of
+/// it (its own assignment file keeps the old table) and goes on counting the shard, sending
+/// its summaries and writing its snapshots under epoch 1. The reducer refuses its summaries
+/// as `stale_epoch`, the lists stay the oracle's, and the handoff topic's snapshot in force
+/// for shard 0 stays the new owner's.
+#[test]
+fn a_zombie_owner_that_never_saw_the_move_changes_no_list_and_no_snapshot() {
+    let Some(env) = TestEnv::get("zombie worker") else {
+        return;
+    };
+    let metric = NewMetric::create(
+        &env,
+        "plays",
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 10
+allowedLateness: 200ms
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s, snapshotInterval: 500ms, handoffWait: 2s}}
+windows:
+  - {{name: all, allTime: true, bucket: 1s}}
+"#
+        ),
+    );
+    let stack = common::Stack::start(metric.dir.path(), &metric.config);
+    let frozen = metric.dir.path().join("zombie-assignment.json");
+    let first = serde_json::json!({"version": 1, "shards": [
+        {"shard": 0, "worker": 0, "epoch": 1},
+        {"shard": 1, "worker": 1, "epoch": 1},
+    ]});
+    std::fs::write(&frozen, first.to_string()).expect("the zombie's table");
+    let _zombie = stack.worker_on(0, &frozen);
+    let _worker1 = stack.worker(1);
+    let producer = producer(&env);
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut time = 0i64;
+    let mut produce = |counts: &mut BTreeMap<(String, String), u64>, events: u64| {
+        time = time.max(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis() as i64,
+        );
+        for i in 0..events {
+            time += 1;
+            let key = format!("song-{}", i * 7 % 23 % (1 + i % 11));
+            let payload = serde_json::json!({
+                "event_time": time, "metric": "plays", "key": key,
+            })
+            .to_string();
+            producer
+                .send(
+                    BaseRecord::to(&metric.input)
+                        .key(&message_key("plays", "", &key))
+                        .payload(&payload),
+                )
+                .expect("enqueue");
+            *counts.entry((String::new(), key)).or_default() += 1;
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    };
+    let await_exact = |counts: &BTreeMap<(String, String), u64>, what: &str| {
+        await_all_time(&stack.reducer.base, &oracle(counts, &[], 10), what)
+    };
+    produce(&mut counts, 2_000);
+    await_exact(&counts, "the lists before the move");
+
+    let topics = TopicNames::of(NS, &metric.name);
+    let zombie_manifests = || {
+        read_partition(&env.kafka_config(), &topics.snapshots, 0)
+            .into_iter()
+            .filter(|r| r.key == "0@1")
+            .count()
+    };
+    // The move, seen by the reducer and worker 1 only.
+    let manifests_at_move = zombie_manifests();
+    stack.set_table(&serde_json::json!({"version": 2, "shards": [
+        {"shard": 0, "worker": 1, "epoch": 2},
+        {"shard": 1, "worker": 1, "epoch": 1},
+    ]}));
+    produce(&mut counts, 2_000);
+    await_exact(&counts, "the lists after the move");
+    // The zombie went on: summaries of shard 0 at epoch 1 after the move, refused.
+    let reducer_metrics = || common::get(&format!("{}/metrics", stack.reducer.base)).1;
+    common::await_some("the zombie's summaries refused", WAIT, || {
+        let refused = common::metric(
+            &reducer_metrics(),
+            r#"topk_reducer_summaries_total{outcome="stale_epoch"}"#,
+        )?;
+        (refused > 0.0).then_some(())
+    });
+    produce(&mut counts, 1_000);
+    await_exact(&counts, "the lists with the zombie still running");
+
+    // Its snapshots did not replace the new owner's: epoch 2's is the one in force, though the
+    // zombie published epoch-1 ones after it.
+    let reader = topk_testenv::reading_consumer(&env.kafka_config(), "zombie-snapshots");
+    let in_force = common::await_some("a snapshot of epoch 2", WAIT, || {
+        topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0)
+            .ok()
+            .flatten()
+            .filter(|h| h.checkpoint.epoch == 2)
+    });
+    common::await_some("the zombie's snapshots after the move", WAIT, || {
+        (zombie_manifests() > manifests_at_move + 2).then_some(())
+    });
+    produce(&mut counts, 500);
+    await_exact(&counts, "the lists at the end");
+    let again = topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0)
+        .expect("read the snapshots")
+        .expect("a snapshot");
+    assert_eq!(again.checkpoint.epoch, 2);
+    assert!(again.checkpoint.next_offset >= in_force.checkpoint.next_offset);
 }

@@ -193,6 +193,8 @@ struct Input {
     rng: StdRng,
     time: i64,
     oracle: BTreeMap<(u32, String), u64>,
+    /// The good events of the last [`Input::produce`], in order: (shard, key, cost).
+    batch: Vec<(u32, String, u64)>,
     bad_sent: usize,
 }
 
@@ -211,6 +213,7 @@ impl Input {
             rng: StdRng::seed_from_u64(7),
             time: 0,
             oracle: BTreeMap::new(),
+            batch: Vec::new(),
             bad_sent: 0,
         }
     }
@@ -224,6 +227,7 @@ impl Input {
             .expect("clock")
             .as_millis() as i64;
         self.time = self.time.max(now);
+        self.batch.clear();
         for _ in 0..events {
             self.time += self.rng.random_range(0..2);
             let key = format!(
@@ -239,10 +243,9 @@ impl Input {
             self.producer
                 .send(BaseRecord::to(&self.topic).key(&mkey).payload(&payload))
                 .expect("enqueue");
-            *self
-                .oracle
-                .entry((shard_for("plays", "", &key, SHARDS), key))
-                .or_default() += cost;
+            let shard = shard_for("plays", "", &key, SHARDS);
+            self.batch.push((shard, key.clone(), cost));
+            *self.oracle.entry((shard, key)).or_default() += cost;
         }
         // Bad input mixed in: not JSON, a key over maxKeyBytes, an event an hour ahead of its
         // record's timestamp (though not of the clock: a replay must reject it too), and a
@@ -711,7 +714,8 @@ async fn a_broker_crash_mid_stream_loses_nothing() {
 }
 
 /// The high watermark of every partition of `topic`, summed.
-fn end_offsets(kafka: &ClientConfig, topic: &str) -> i64 {
+/// Each partition's end (high watermark) of `topic`.
+fn partition_ends(kafka: &ClientConfig, topic: &str) -> Vec<i64> {
     let consumer = topk_testenv::reading_consumer(kafka, "ends");
     (0..SHARDS as i32)
         .map(|p| {
@@ -724,7 +728,7 @@ fn end_offsets(kafka: &ClientConfig, topic: &str) -> i64 {
             .expect("watermarks")
             .1
         })
-        .sum()
+        .collect()
 }
 
 #[tokio::test]
@@ -742,56 +746,182 @@ async fn input_lost_to_retention_or_a_recreated_topic_is_counted_and_counting_go
     drop(worker);
 
     // While the worker is down, events arrive and retention deletes them unread.
+    let expired = expire_unread(&admin, &kafka, &fixture.input, &mut input).await;
+    let (worker, page) = restart_exact(&fixture, &kafka, &input, "expired").await;
+    let lost = metric(&page, "topk_worker_input_offsets_lost_total").expect("lost offsets");
+    // At least what retention deleted after the worker's last checkpoint.
+    assert!(
+        lost >= expired.deleted as f64,
+        "{lost} lost, {} deleted",
+        expired.deleted
+    );
+    drop(worker);
+
+    // The topic is deleted and created again, and refilled past the saved offsets before the
+    // worker is back: offsets alone would take it for the old one, its new id does not. The
+    // worker keeps what it counted and counts the new partitions from their start.
+    let input = recreate_input(&admin, &kafka, &fixture.input, input, 6_000).await;
+    restart_exact(&fixture, &kafka, &input, "recreated").await;
+}
+
+/// The same gaps met by a worker while it runs: held (SIGSTOP) while retention deletes input
+/// it has not read, then resumed, it gets the broker's out-of-range answer and follows the
+/// same policy; its input topic deleted and created again under it, it counts the new one.
+#[tokio::test]
+async fn input_lost_under_a_running_worker_is_counted_and_counting_goes_on() {
+    let Some(env) = TestEnv::get("running worker across input gaps") else {
+        return;
+    };
+    let kafka = env.kafka_config();
+    let fixture = Fixture::new(&env, "live-gaps").await;
+    let admin: AdminClient<DefaultClientContext> = kafka.create().expect("admin");
+    let mut input = Input::new(&kafka, &fixture.input);
+    input.produce(3_000);
+    let worker = fixture.serve_all_shards();
+    await_all_counted(&kafka, &fixture.topics, &input).await;
+
+    let signal = |name: &str| {
+        let status = Command::new("kill")
+            .args([name, &worker.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {name}");
+    };
+    // Stopped with its fetch waiting at the broker, which may still hand it the first new
+    // events before the deletion: [`Expired::credit_read`] counts those in.
+    signal("-STOP");
+    let pid = worker.child.id();
+    common::await_some("the worker stopped", WAIT, || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The state follows the command name in parentheses.
+        let state = stat.rsplit_once(") ")?.1.split(' ').next()?;
+        (state == "T").then_some(())
+    });
+    let expired = expire_unread(&admin, &kafka, &fixture.input, &mut input).await;
+    signal("-CONT");
+    let unread = expired.credit_read(&fixture, &mut input);
+    let page = await_gaps(&fixture, &kafka, &input, &worker, "expired").await;
+    let lost = metric(&page, "topk_worker_input_offsets_lost_total").expect("lost offsets");
+    assert_eq!(lost, unread as f64);
+    assert!(
+        unread > 0 && unread <= expired.deleted,
+        "{unread} of {}",
+        expired.deleted
+    );
+
+    // The worker's position is past the new partitions' ends: the broker answers out of range
+    // and the new topic id says why.
+    let input = recreate_input(&admin, &kafka, &fixture.input, input, 300).await;
+    await_gaps(&fixture, &kafka, &input, &worker, "recreated").await;
+}
+
+/// What [`expire_unread`] deleted.
+struct Expired {
+    /// Offsets deleted, all partitions together.
+    deleted: i64,
+    /// Per partition, where the deleted events began and where retention left it.
+    starts: Vec<i64>,
+    lows: Vec<i64>,
+    /// The deleted good events in order: (shard, key, cost).
+    batch: Vec<(u32, String, u64)>,
+}
+
+impl Expired {
+    /// A worker whose fetch was waiting at the broker when the events arrived got the first
+    /// of them before the deletion, and counted them: from where each shard's reading stopped
+    /// (its reported loss), credits those to `input`'s oracle. Returns the offsets no worker
+    /// read.
+    fn credit_read(&self, fixture: &Fixture, input: &mut Input) -> i64 {
+        let mut unread = 0;
+        for shard in 0..SHARDS {
+            let loss = common::await_some("the reported loss", WAIT, || {
+                fixture
+                    .reported_loss(shard)
+                    .filter(|l| l.kind == LossKind::Expired)
+            });
+            let lost = i64::try_from(loss.offsets_lost).expect("offsets");
+            let stopped_at = self.lows[shard as usize] - lost;
+            let read = usize::try_from(stopped_at - self.starts[shard as usize]).unwrap_or(0);
+            for (_, key, cost) in self.batch.iter().filter(|e| e.0 == shard).take(read) {
+                *input.oracle.entry((shard, key.clone())).or_default() += cost;
+            }
+            unread += lost;
+        }
+        unread
+    }
+}
+
+/// Produces events that retention then deletes (`DeleteRecords` up to the partitions' ends)
+/// before any worker is meant to read them, and more after; the oracle keeps only what is
+/// retained (see [`Expired::credit_read`]).
+async fn expire_unread(
+    admin: &AdminClient<DefaultClientContext>,
+    kafka: &ClientConfig,
+    topic: &str,
+    input: &mut Input,
+) -> Expired {
     let counted = input.oracle.clone();
-    let read_to = end_offsets(&kafka, &fixture.input);
+    let starts = partition_ends(kafka, topic);
     input.produce(1_000);
+    let batch = std::mem::take(&mut input.batch);
     let mut everything = TopicPartitionList::new();
     for p in 0..SHARDS as i32 {
         everything
-            .add_partition_offset(&fixture.input, p, Offset::End)
+            .add_partition_offset(topic, p, Offset::End)
             .expect("offset");
     }
     admin
         .delete_records(&everything, &AdminOptions::new())
         .await
         .expect("delete records");
-    let deleted = end_offsets(&kafka, &fixture.input) - read_to;
+    let lows = partition_ends(kafka, topic);
     input.oracle = counted;
     input.produce(500);
-    let (worker, page) = restart_exact(&fixture, &kafka, &input, "expired").await;
-    let lost = metric(&page, "topk_worker_input_offsets_lost_total").expect("lost offsets");
-    assert!(lost >= deleted as f64, "{lost} lost, {deleted} deleted");
-    drop(worker);
+    Expired {
+        deleted: lows.iter().sum::<i64>() - starts.iter().sum::<i64>(),
+        starts,
+        lows,
+        batch,
+    }
+}
 
-    // The topic is deleted and created again: its offsets start over below the saved ones.
-    // The worker keeps what it counted and counts the new partitions from their start.
+/// Deletes `topic` and creates it again with `events` new events; returns their producer,
+/// whose oracle goes on from `input`'s.
+async fn recreate_input(
+    admin: &AdminClient<DefaultClientContext>,
+    kafka: &ClientConfig,
+    topic: &str,
+    input: Input,
+    events: usize,
+) -> Input {
     admin
-        .delete_topics(&[&fixture.input], &AdminOptions::new())
+        .delete_topics(&[topic], &AdminOptions::new())
         .await
         .expect("delete the input topic");
     await_some("the input topic re-created", WAIT, || async {
-        let topic = NewTopic::new(&fixture.input, SHARDS as i32, TopicReplication::Fixed(1))
+        let new = NewTopic::new(topic, SHARDS as i32, TopicReplication::Fixed(1))
             .set("max.message.bytes", "4194304");
-        let created = admin.create_topics([&topic], &AdminOptions::new()).await;
+        let created = admin.create_topics([&new], &AdminOptions::new()).await;
         created.ok()?.into_iter().next()?.ok()
     })
     .await;
-    let counted = input.oracle.clone();
-    let mut input = Input::new(&kafka, &fixture.input);
-    input.oracle = counted;
-    input.produce(300);
-    restart_exact(&fixture, &kafka, &input, "beyond_end").await;
+    let mut again = Input::new(kafka, topic);
+    again.oracle = input.oracle;
+    again.time = input.time;
+    again.produce(events);
+    again
 }
 
 fn expected_kind(kind: &str) -> LossKind {
     match kind {
         "expired" => LossKind::Expired,
+        "recreated" => LossKind::Recreated,
         _ => LossKind::BeyondEnd,
     }
 }
 
-/// Starts the worker on every shard, awaits the oracle's counts and checks that each shard
-/// met one input gap of `kind`, and reported it; returns the worker and its metrics page.
+/// Starts the worker on every shard and checks [`await_gaps`]; returns the worker and its
+/// metrics page.
 async fn restart_exact(
     fixture: &Fixture,
     kafka: &ClientConfig,
@@ -799,6 +929,19 @@ async fn restart_exact(
     kind: &str,
 ) -> (common::Server, String) {
     let worker = fixture.serve_all_shards();
+    let page = await_gaps(fixture, kafka, input, &worker, kind).await;
+    (worker, page)
+}
+
+/// Awaits the oracle's counts from `worker` and checks that each shard met one input gap of
+/// `kind`, and reported it; returns the worker's metrics page.
+async fn await_gaps(
+    fixture: &Fixture,
+    kafka: &ClientConfig,
+    input: &Input,
+    worker: &common::Server,
+    kind: &str,
+) -> String {
     let (_, last) = await_all_counted(kafka, &fixture.topics, input).await;
     for shard in 0..SHARDS {
         assert_eq!(counts(&last[&shard]), input.shard_counts(shard));
@@ -821,5 +964,148 @@ async fn restart_exact(
         });
         assert_eq!(loss.shard, shard);
     }
-    (worker, page)
+    page
+}
+
+/// A tmpfs mounted at a directory (root only), unmounted when dropped.
+struct SmallVolume {
+    path: std::path::PathBuf,
+}
+
+impl SmallVolume {
+    /// Mounts a tmpfs of `size` at `path`; `None` (with a loud message) where that is not
+    /// allowed, unless the test environment is required (CI runs as root).
+    fn mount(test: &str, path: &std::path::Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(path).expect("mount point");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(Self {
+                path: path.to_owned(),
+            }),
+            other => {
+                let why = match other {
+                    Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
+                    Err(err) => err.to_string(),
+                };
+                assert!(
+                    !topk_testenv::required(),
+                    "{test}: cannot mount a tmpfs (root needed): {why}"
+                );
+                eprintln!("\n*** SKIPPED {test}: cannot mount a tmpfs (root needed): {why}\n");
+                None
+            }
+        }
+    }
+
+    /// Appends to a file until the volume is full (again: RocksDB gives back preallocated
+    /// space when it reopens a store); returns its path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.path.join("filler");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("filler");
+        for block in [1 << 20, 4096, 1] {
+            let bytes = vec![0u8; block];
+            loop {
+                match file.write_all(&bytes) {
+                    Ok(()) => {}
+                    Err(err) if err.raw_os_error() == Some(28) => break, // ENOSPC
+                    Err(err) => panic!("filling {}: {err}", self.path.display()),
+                }
+            }
+        }
+        path
+    }
+}
+
+impl Drop for SmallVolume {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// The worker's state volume fills up under it: checkpoints fail and are counted while
+/// counting and summaries go on; once there is space again checkpoints are written again
+/// (on the reopened store), the summaries held for one go out, and the worker SIGKILLed then
+/// restarts from them on exact counts.
+#[tokio::test]
+async fn a_full_state_volume_postpones_checkpoints_and_loses_nothing() {
+    let test = "worker on a full state volume";
+    let Some(env) = TestEnv::get(test) else {
+        return;
+    };
+    let kafka = env.kafka_config();
+    let fixture = Fixture::new(&env, "full").await;
+    let Some(volume) = SmallVolume::mount(test, &fixture.dir.path().join("state-0"), "32m") else {
+        return;
+    };
+    let mut input = Input::new(&kafka, &fixture.input);
+    input.produce(2_000);
+    let worker = fixture.serve_all_shards();
+    await_all_counted(&kafka, &fixture.topics, &input).await;
+    let sample = |name: &str| {
+        metric(&common::get(&format!("{}/metrics", worker.base)).1, name).unwrap_or(0.0)
+    };
+    let failures = || sample("topk_worker_checkpoint_failures_total");
+    let written = || sample("topk_worker_checkpoint_duration_seconds_count");
+
+    let filler = volume.fill();
+    let published = || sample("topk_worker_summaries_published_total");
+    let before = published();
+    // Events go on arriving and moving the watermark: their summaries go out from memory
+    // though no checkpoint can be written (an idle advance's wait for one).
+    let mut round = 0;
+    common::await_some(
+        "failed checkpoints, and summaries sent meanwhile",
+        WAIT,
+        || {
+            volume.fill();
+            if round % 10 == 0 {
+                input.produce(200);
+            }
+            round += 1;
+            (failures() >= 3.0 && published() > before).then_some(())
+        },
+    );
+
+    std::fs::remove_file(&filler).expect("free the volume");
+    let before = written();
+    common::await_some("checkpoints written again", WAIT, || {
+        (written() >= before + 3.0).then_some(())
+    });
+    let failed = failures();
+    let again = written();
+    common::await_some("more checkpoints written", WAIT, || {
+        (written() >= again + 3.0).then_some(())
+    });
+    assert_eq!(
+        failures(),
+        failed,
+        "checkpoints still failing with space free"
+    );
+    await_all_counted(&kafka, &fixture.topics, &input).await;
+
+    input.produce(1_000);
+    await_all_counted(&kafka, &fixture.topics, &input).await;
+    drop(worker);
+    input.produce(500);
+    let worker = fixture.serve_all_shards();
+    let (_, last) = await_all_counted(&kafka, &fixture.topics, &input).await;
+    for shard in 0..SHARDS {
+        assert_eq!(counts(&last[&shard]), input.shard_counts(shard));
+    }
+    let page = common::get(&format!("{}/metrics", worker.base)).1;
+    // Restored from saved state (the checkpoints written after the volume had space again, or
+    // a snapshot), not counted again from the start of the input.
+    assert_eq!(
+        metric(&page, r#"topk_worker_shard_restores_total{source="input"}"#),
+        Some(0.0),
+        "{page}"
+    );
 }

@@ -78,8 +78,13 @@ fn start(args: &[&str], listen: &str, stdin: Stdio) -> Server {
         .expect("start topk");
     let stderr: ChildStderr = child.stderr.take().expect("stderr piped");
     let (tx, rx) = mpsc::channel();
+    // `TOPK_TEST_LOGS=1` shows the process's log (otherwise read only for its address).
+    let show = std::env::var("TOPK_TEST_LOGS").is_ok_and(|v| v == "1");
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if show {
+                eprintln!("{line}");
+            }
             if let Some(at) = line.find("http://") {
                 let addr = line[at..]
                     .split_whitespace()
@@ -193,7 +198,17 @@ impl Stack {
             .join("checkpoints")
     }
 
+    /// Replaces the assignment table the reducer and the workers started by [`Self::worker`]
+    /// follow.
+    pub fn set_table(&self, table: &serde_json::Value) {
+        std::fs::write(&self.assignment, table.to_string()).expect("assignment");
+    }
+
     fn worker_args(&self, ordinal: u32) -> Vec<String> {
+        self.worker_args_on(ordinal, &self.assignment)
+    }
+
+    fn worker_args_on(&self, ordinal: u32, assignment: &str) -> Vec<String> {
         let state = self.dir.join(format!("worker-{ordinal}"));
         vec![
             "worker".into(),
@@ -202,16 +217,25 @@ impl Stack {
             "--ordinal".into(),
             ordinal.to_string(),
             "--assignment-file".into(),
-            self.assignment.clone(),
+            assignment.to_owned(),
             "--state-dir".into(),
             state.to_str().expect("utf-8 path").to_owned(),
         ]
     }
 
     pub fn worker(&self, ordinal: u32) -> Process {
+        self.spawn_worker(self.worker_args(ordinal))
+    }
+
+    /// Worker `ordinal` following its own assignment file instead of the shared one.
+    pub fn worker_on(&self, ordinal: u32, assignment: &Path) -> Process {
+        self.spawn_worker(self.worker_args_on(ordinal, assignment.to_str().expect("utf-8 path")))
+    }
+
+    fn spawn_worker(&self, args: Vec<String>) -> Process {
         Process(
             topk()
-                .args(self.worker_args(ordinal))
+                .args(args)
                 .args(["--listen", "127.0.0.1:0"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
