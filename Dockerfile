@@ -10,9 +10,10 @@
 ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS build
-# RocksDB's bindgen needs libclang; its C++ and librdkafka's C are built from source.
+# RocksDB's bindgen needs libclang; its C++ and librdkafka's C are built from source, the
+# latter against the system OpenSSL (TLS and SASL), which the distroless runtime also ships.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libclang-dev clang cmake \
+ && apt-get install -y --no-install-recommends libclang-dev clang cmake libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build prerequisites of the workspace that cargo cannot fetch: RocksDB (built from source by
-# librocksdb-sys) needs libclang for its bindings. Installed from Debian's packages when
-# missing and we may; otherwise says what to install.
+# librocksdb-sys) needs libclang for its bindings, and librdkafka (built from source, with TLS
+# and SASL) needs OpenSSL's headers. Installed from Debian's packages when missing and we may;
+# otherwise says what to install.
 set -euo pipefail
 
 # What clang-sys (bindgen's loader) opens: libclang.so, libclang-N.so, libclang.so.N or
@@ -30,16 +31,39 @@ have_libclang() {
   return 1
 }
 
-if have_libclang; then
-  exit 0
-fi
-echo "prereqs: libclang not found (RocksDB's bindings need libclang.so; libclang-cpp is not it)"
+# What openssl-sys (librdkafka's TLS and SASL) looks for: OPENSSL_DIR's headers when set,
+# otherwise OpenSSL's pkg-config file, through the pkg-config tool.
+have_openssl() {
+  if [[ -n "${OPENSSL_DIR:-}" ]]; then
+    [[ -f "$OPENSSL_DIR/include/openssl/ssl.h" ]]
+    return
+  fi
+  command -v pkg-config >/dev/null && pkg-config --exists openssl
+}
+
+missing=()
+have_libclang || missing+=(libclang)
+have_openssl || missing+=(openssl)
+((${#missing[@]} == 0)) && exit 0
+
+# Debian package of each missing prerequisite.
+debian_packages=()
+for need in "${missing[@]}"; do
+  case "$need" in
+    libclang)
+      echo "prereqs: libclang not found (RocksDB's bindings need libclang.so; libclang-cpp is not it)"
+      debian_packages+=(libclang-dev) ;;
+    openssl)
+      echo "prereqs: OpenSSL's headers not found through pkg-config (librdkafka's TLS and SASL build against them)"
+      debian_packages+=(libssl-dev pkg-config) ;;
+  esac
+done
 if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
-  echo "prereqs: installing libclang-dev from Debian's packages"
+  echo "prereqs: installing ${debian_packages[*]} from Debian's packages"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q libclang-dev >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q libclang-dev >/dev/null; }
-  have_libclang && exit 0
+  apt-get install -y -q "${debian_packages[@]}" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q "${debian_packages[@]}" >/dev/null; }
+  have_libclang && have_openssl && exit 0
 fi
-echo "prereqs: install libclang (Debian/Ubuntu: apt-get install libclang-dev; macOS: brew install llvm) and retry" >&2
+echo "prereqs: install them (Debian/Ubuntu: apt-get install ${debian_packages[*]}; macOS: brew install llvm openssl pkg-config) and retry" >&2
 exit 1

@@ -179,19 +179,53 @@ apiserver_ready() {
     "https://$2:$1/readyz" | grep -q ok
 }
 
+# TLS material of the broker's secured listeners, under $RUN/kafka-tls: a CA of its own
+# (ca.crt), the broker's key and certificate for 127.0.0.1 and the node's address (broker.pem,
+# PKCS#8 key then certificate, as Kafka's PEM keystore reads it), a client certificate signed
+# by the same CA for mutual TLS (client.crt, client.key) and the SASL user's password.
+# $1: the node address or empty.
+make_kafka_tls() {
+  local host="$1" d="$RUN/kafka-tls" san="IP:127.0.0.1,DNS:localhost" who
+  [[ -n "$host" ]] && san+=",IP:$host"
+  mkdir -p "$d"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=topk-testenv-kafka-ca" \
+    -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
+  for who in broker client; do
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=topk-testenv-$who" \
+      -keyout "$d/$who.key" -out "$d/$who.csr" 2>/dev/null
+    printf 'subjectAltName=%s\n' "$san" >"$d/$who.ext"
+    openssl x509 -req -in "$d/$who.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 3650 -extfile "$d/$who.ext" -out "$d/$who.crt" 2>/dev/null
+  done
+  cat "$d/broker.key" "$d/broker.crt" >"$d/broker.pem"
+  openssl rand -hex 16 >"$d/sasl-password"
+}
+
 # Kafka on 127.0.0.1 for the host's tests and, with the node, on HOST_IP for pods ($1: the
-# host address or empty). Prints the two ports.
+# host address or empty). Besides PLAINTEXT it listens with TLS (SSL; a client certificate is
+# its CA is required) and with SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN for
+# user `topk`); pods get a plaintext and a SASL_SSL listener. Prints the plaintext, pod, TLS,
+# SASL_SSL and pod SASL_SSL ports.
 start_kafka() {
-  local host="$1" port controller pod_port cluster_id listeners advertised
+  local host="$1" port controller pod_port tls_port sasl_port pod_sasl_port cluster_id listeners advertised
   port="$(free_port)"
   controller="$(free_port)"
   pod_port="$(free_port)"
+  tls_port="$(free_port)"
+  sasl_port="$(free_port)"
+  pod_sasl_port="$(free_port)"
   listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller"
-  advertised="PLAINTEXT://127.0.0.1:$port"
+  listeners+=",SSL://127.0.0.1:$tls_port,SASL_SSL://127.0.0.1:$sasl_port"
+  advertised="PLAINTEXT://127.0.0.1:$port,SSL://127.0.0.1:$tls_port,SASL_SSL://127.0.0.1:$sasl_port"
   if [[ -n "$host" ]]; then
-    listeners+=",PODS://$host:$pod_port"
-    advertised+=",PODS://$host:$pod_port"
+    listeners+=",PODS://$host:$pod_port,PODS_SASL://$host:$pod_sasl_port"
+    advertised+=",PODS://$host:$pod_port,PODS_SASL://$host:$pod_sasl_port"
   fi
+  make_kafka_tls "$host"
+  local tls="$RUN/kafka-tls" password scram plain listener
+  password="$(cat "$tls/sasl-password")"
+  scram='org.apache.kafka.common.security.scram.ScramLoginModule required;'
+  plain="org.apache.kafka.common.security.plain.PlainLoginModule required user_topk=\"$password\";"
   mkdir -p "$RUN/kafka"
   cat >"$RUN/kafka/server.properties" <<EOF
 process.roles=broker,controller
@@ -201,7 +235,13 @@ listeners=$listeners
 advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PODS:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PODS:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,PODS_SASL:SASL_SSL
+ssl.keystore.type=PEM
+ssl.keystore.location=$tls/broker.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$tls/ca.crt
+listener.name.ssl.ssl.client.auth=required
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN
 log.dirs=$RUN/kafka/data
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -215,6 +255,13 @@ group.initial.rebalance.delay.ms=0
 log.cleaner.backoff.ms=1000
 auto.create.topics.enable=false
 EOF
+  for listener in sasl_ssl pods_sasl; do
+    {
+      echo "listener.name.$listener.scram-sha-512.sasl.jaas.config=$scram"
+      echo "listener.name.$listener.scram-sha-256.sasl.jaas.config=$scram"
+      echo "listener.name.$listener.plain.sasl.jaas.config=$plain"
+    } >>"$RUN/kafka/server.properties"
+  done
   cat >"$RUN/kafka/log4j2.properties" <<'EOF'
 status = error
 appender.console.type = Console
@@ -227,10 +274,13 @@ EOF
   local java=(java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
     "-Dlog4j2.configurationFile=$RUN/kafka/log4j2.properties" -cp "$KAFKA_LIBS/*")
   cluster_id="$("${java[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"
-  "${java[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$RUN/kafka/server.properties" >"$RUN/kafka-format.log" 2>&1 \
+  # SCRAM credentials live in the cluster metadata: added when the storage is formatted.
+  "${java[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$RUN/kafka/server.properties" \
+    --add-scram "SCRAM-SHA-512=[name=topk,password=$password]" \
+    --add-scram "SCRAM-SHA-256=[name=topk,password=$password]" >"$RUN/kafka-format.log" 2>&1 \
     || { cat "$RUN/kafka-format.log" >&2; die "formatting Kafka storage failed"; }
   start kafka "${java[@]}" kafka.Kafka "$RUN/kafka/server.properties"
-  echo "$port $pod_port"
+  echo "$port $pod_port $tls_port $sasl_port $pod_sasl_port"
 }
 
 cmd_up() {
@@ -254,10 +304,10 @@ cmd_up() {
     log "no node on this machine ($why): the control plane and Kafka stay on 127.0.0.1"
   fi
 
-  local kafka_ports kafka_port kafka_pod_port etcd_port etcd_peer api_port cm_port
-  kafka_ports="$(start_kafka "$node_ip")"
-  kafka_port="${kafka_ports% *}"
-  kafka_pod_port="${kafka_ports#* }"
+  local kafka_port kafka_pod_port kafka_tls_port kafka_sasl_port kafka_pod_sasl_port
+  local etcd_port etcd_peer api_port cm_port
+  read -r kafka_port kafka_pod_port kafka_tls_port kafka_sasl_port kafka_pod_sasl_port \
+    <<<"$(start_kafka "$node_ip")"
 
   etcd_port="$(free_port)"
   etcd_peer="$(free_port)"
@@ -304,6 +354,10 @@ cmd_up() {
 export TOPK_TESTENV_ENV_FILE=$ENV_FILE
 export TOPK_KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port
 export TOPK_KAFKA_LIBS=$KAFKA_LIBS
+export TOPK_KAFKA_TLS_BOOTSTRAP=127.0.0.1:$kafka_tls_port
+export TOPK_KAFKA_SASL_BOOTSTRAP=127.0.0.1:$kafka_sasl_port
+export TOPK_KAFKA_TLS_DIR=$RUN/kafka-tls
+export TOPK_KAFKA_SASL_USER=topk
 export TOPK_KUBECONFIG=$RUN/kubeconfig
 export TOPK_KUBE_VERSION=$KUBE_VERSION
 export TOPK_HELM=$HELM_BIN/helm
@@ -313,6 +367,7 @@ EOF
     cat >>"$ENV_FILE" <<EOF
 export TOPK_TESTENV_NODE_IP=$node_ip
 export TOPK_KAFKA_POD_BOOTSTRAP=$node_ip:$kafka_pod_port
+export TOPK_KAFKA_POD_SASL_BOOTSTRAP=$node_ip:$kafka_pod_sasl_port
 EOF
   fi
   log "up: kafka 127.0.0.1:$kafka_port, kube-apiserver https://$host:$api_port ($KUBE_VERSION), helm $HELM_VERSION"

@@ -11,6 +11,7 @@ use topk_engine::EngineConfig;
 
 use crate::duration::Duration;
 use crate::error::ApiError;
+use crate::kafka::{CredentialError, KafkaProperties, KafkaSecurity, SecretKey};
 use crate::manifest::{ConfigMapKey, TopKMetric, load_manifest};
 use crate::names::Names;
 use crate::topics::TopicNames;
@@ -50,6 +51,20 @@ pub struct KafkaConfig {
     pub bootstrap_servers: String,
     pub input_topic: String,
     pub topics: TopicNames,
+    /// TLS, authentication and client properties: Secret references only, never a secret.
+    #[serde(default, skip_serializing_if = "KafkaSecurity::is_plaintext")]
+    pub security: KafkaSecurity,
+}
+
+impl KafkaConfig {
+    /// The librdkafka properties of this cluster's clients; `read` returns a Secret key's
+    /// text (see [`KafkaSecurity::properties`]).
+    pub fn properties(
+        &self,
+        read: impl FnMut(&SecretKey) -> Result<String, String>,
+    ) -> Result<KafkaProperties, CredentialError> {
+        self.security.properties(&self.bootstrap_servers, read)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +190,7 @@ impl DataPlaneConfig {
                 bootstrap_servers: spec.source.kafka.bootstrap_servers.clone(),
                 input_topic: spec.source.kafka.topic.clone(),
                 topics: TopicNames::of(&namespace, &name),
+                security: spec.source.kafka.security(),
             },
             worker: WorkerTiming {
                 checkpoint_interval: workers
@@ -241,13 +257,18 @@ impl DataPlaneConfig {
     }
 
     /// The version every summary carries: pods merge only summaries of the same counting
-    /// contract (engine config and topics), so it leaves out timing, tuning and the deny list.
+    /// contract (engine config and topics), so it leaves out timing, tuning, the deny list and
+    /// how clients connect (moving to TLS changes no count).
     pub fn config_version(&self) -> String {
+        let contract = KafkaConfig {
+            security: KafkaSecurity::default(),
+            ..self.kafka.clone()
+        };
         hash_of(&Rollout {
             name: &self.name,
             namespace: &self.namespace,
             engine: &self.engine,
-            kafka: &self.kafka,
+            kafka: &contract,
             worker: None,
             reducer: None,
         })
@@ -310,6 +331,66 @@ mod tests {
                 "source.kafka.topic",
                 "/source/kafka/topic",
                 json!("other"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.tls.trustedCertificates[].secretName",
+                "/source/kafka/tls/trustedCertificates/0/secretName",
+                json!("other-ca"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.tls.trustedCertificates[].certificate",
+                "/source/kafka/tls/trustedCertificates/0/certificate",
+                json!("other.crt"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.authentication.type",
+                "/source/kafka/authentication/type",
+                json!("scram-sha-256"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.authentication.username",
+                "/source/kafka/authentication/username",
+                json!("other"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.authentication.passwordSecret.secretName",
+                "/source/kafka/authentication/passwordSecret/secretName",
+                json!("other"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.authentication.passwordSecret.password",
+                "/source/kafka/authentication/passwordSecret/password",
+                json!("other"),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.authentication.certificateAndKey.secretName",
+                "/source/kafka/authentication",
+                json!({"type": "tls", "certificateAndKey": {"secretName": "u", "certificate": "c", "key": "k"}}),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.authentication.certificateAndKey.certificate",
+                "/source/kafka/authentication",
+                json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "c", "key": "k"}}),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.authentication.certificateAndKey.key",
+                "/source/kafka/authentication",
+                json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "user.crt", "key": "k"}}),
+                Restarts(BOTH),
+            ),
+            (
+                "source.kafka.config",
+                "/source/kafka/config/client.rack",
+                json!("zone-b"),
                 Restarts(BOTH),
             ),
             ("shards", "/shards", json!(8), Restarts(BOTH)),
@@ -495,7 +576,13 @@ mod tests {
     fn full_spec() -> Value {
         json!({
             "metric": "plays",
-            "source": {"kafka": {"bootstrapServers": "a:9092", "topic": "plays"}},
+            "source": {"kafka": {
+                "bootstrapServers": "a:9092", "topic": "plays",
+                "tls": {"trustedCertificates": [{"secretName": "cluster-ca", "certificate": "ca.crt"}]},
+                "authentication": {"type": "scram-sha-512", "username": "topk",
+                                   "passwordSecret": {"secretName": "topk-user", "password": "password"}},
+                "config": {"client.rack": "zone-a"},
+            }},
             "shards": 4, "k": 10, "mode": "approximate",
             "sketch": {"epsilon": 0.001, "delta": 0.01, "candidates": 50},
             "allowedLateness": "1m", "maxFutureSkew": "5m", "maxKeyBytes": 100,

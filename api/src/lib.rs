@@ -7,6 +7,7 @@ pub mod dataplane;
 pub mod duration;
 pub mod error;
 pub mod handoff;
+pub mod kafka;
 pub mod manifest;
 pub mod names;
 pub mod record;

@@ -1,5 +1,7 @@
 //! The `TopKMetric` manifest: the same YAML a platform team applies to a cluster.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -8,6 +10,7 @@ use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
 
 use crate::duration::Duration;
 use crate::error::ApiError;
+use crate::kafka::{KafkaAuthentication, KafkaSecurity, KafkaTls};
 use crate::record::{DEFAULT_SUMMARY_RECORD_BYTES, MIN_SUMMARY_RECORD_BYTES, summary_item_fits};
 
 pub const API_VERSION: &str = "topk.io/v1alpha1";
@@ -244,6 +247,30 @@ pub struct KafkaSource {
     pub bootstrap_servers: String,
     #[schemars(length(min = 1, max = 249))]
     pub topic: String,
+    /// TLS to the brokers; `{}` trusts the system's CAs. Also used for the internal topics,
+    /// which live on the same cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<KafkaTls>,
+    /// SASL (`scram-sha-512`, `scram-sha-256`, `plain`) or mutual TLS (`tls`), with the
+    /// password or key from a Secret in the metric's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<KafkaAuthentication>,
+    /// Further librdkafka client properties, from a fixed allow-list of connection settings
+    /// (see docs/operations.md), e.g. `client.rack`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub config: BTreeMap<String, String>,
+}
+
+impl KafkaSource {
+    /// How its clients connect, as the rendered config carries it.
+    pub fn security(&self) -> KafkaSecurity {
+        KafkaSecurity {
+            tls: self.tls.clone(),
+            authentication: self.authentication.clone(),
+            config: self.config.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -794,6 +821,7 @@ impl TopKMetricSpec {
                     .push("spec.denyKeysFrom.configMapKeyRef needs both name and key".to_owned());
             }
         }
+        problems.extend(self.source.kafka.security().problems());
         if self.windows.is_empty() {
             problems.push("spec.windows needs at least one window".to_owned());
         }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use topk_api::DataPlaneConfig;
+use topk_api::kafka::{KAFKA_SECRETS_DIR, KafkaProperties};
 use topk_runtime::ControlPlane;
 
 use crate::error::CliError;
@@ -17,11 +18,18 @@ pub struct ConfigArgs {
     /// manifest, which is turned into that config the same way.
     #[arg(long)]
     pub config: PathBuf,
+    /// Where the Secret keys the config's Kafka settings reference are, as `SECRET/KEY` files
+    /// (the operator mounts them here).
+    #[arg(long, env = "TOPK_KAFKA_SECRETS", default_value = KAFKA_SECRETS_DIR)]
+    pub kafka_secrets: PathBuf,
 }
 
 impl ConfigArgs {
-    pub fn load(&self) -> Result<DataPlaneConfig, CliError> {
-        Ok(topk_runtime::load_config(&self.config)?)
+    /// The config, and the properties of its Kafka clients with their credentials.
+    pub fn load(&self) -> Result<(DataPlaneConfig, KafkaProperties), CliError> {
+        let config = topk_runtime::load_config(&self.config)?;
+        let kafka = topk_runtime::kafka_properties(&config, &self.kafka_secrets)?;
+        Ok((config, kafka))
     }
 }
 

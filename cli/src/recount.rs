@@ -27,14 +27,14 @@ pub struct RecountArgs {
 }
 
 pub async fn recount(args: RecountArgs) -> Result<(), CliError> {
-    let config = args.config.load()?;
+    let (config, kafka) = args.config.load()?;
     let hour = parse_rfc3339_ms(&args.hour).ok_or_else(|| {
         CliError::Usage(format!(
             "--hour {:?} is not an RFC 3339 time (e.g. 2026-09-01T19:00:00Z)",
             args.hour
         ))
     })?;
-    let mut settings = topk_recount::settings(&config, hour)?;
+    let mut settings = topk_recount::settings(&config, hour, kafka)?;
     settings.spill_dir = args.spill_dir;
     let manifest = tokio::task::spawn_blocking(move || topk_recount::recount(&settings))
         .await

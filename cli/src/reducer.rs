@@ -16,8 +16,8 @@ pub struct ReducerArgs {
 
 pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
     let common = &args.common;
-    let config = common.config.load()?;
-    let mut settings = topk_reducer::settings(&config);
+    let (config, kafka) = common.config.load()?;
+    let mut settings = topk_reducer::settings(&config, kafka);
     settings.state_dir = common.state_dir.clone();
     let control = common.control(&config, None).await?;
     // One writer is enough and avoids replicas fighting over the same fields.

@@ -19,9 +19,9 @@ pub struct WorkerArgs {
 
 pub async fn worker(args: WorkerArgs) -> Result<(), CliError> {
     let common = &args.common;
-    let config = common.config.load()?;
+    let (config, kafka) = common.config.load()?;
     let ordinal = common.ordinal()?;
-    let mut settings = topk_worker::settings(&config, ordinal)?;
+    let mut settings = topk_worker::settings(&config, ordinal, kafka)?;
     settings.state_dir = common.state_dir.clone();
     let control = common.control(&config, args.report_file.clone()).await?;
     let listener = common.bind().await?;

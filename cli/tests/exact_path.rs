@@ -1,5 +1,7 @@
-//! The exact path end to end on the test environment's broker: three closed hours of events
-//! through two `topk worker` processes and a `topk reducer`, then `topk recount` hour by hour.
+//! The exact path end to end on the test environment's broker, every data-plane client over
+//! its SASL_SSL listener (SCRAM-SHA-512, the CA and password read from Secret files as the pods
+//! mount them): three closed hours of events through two `topk worker` processes and a
+//! `topk reducer`, then `topk recount` hour by hour.
 //! The 24h and all-time lists move from streaming estimates to the exact counts, `exactUntil`
 //! advances one hour per recount, and each recounted hour's streaming 1h list is graded: the
 //! hour with re-delivered events (same `event_id`, counted twice by the streaming path, once
@@ -15,7 +17,7 @@ use serde_json::Value;
 use topk_engine::event::format_rfc3339_ms;
 use topk_engine::partition::message_key;
 use topk_engine::summary::rank_order;
-use topk_testenv::{TestEnv, list_items, metric_manifest, unique_name};
+use topk_testenv::{TestEnv, list_items, metric_manifest_from, unique_name};
 
 const SHARDS: u32 = 2;
 const K: usize = 5;
@@ -24,12 +26,12 @@ const WAIT: Duration = Duration::from_secs(120);
 /// Times `song-0` is re-delivered in the second hour.
 const REDELIVERED: u64 = 100;
 
-fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
-    metric_manifest(
+fn manifest(name: &str, env: &TestEnv, topic: &str) -> String {
+    let secure = &env.secure_kafka;
+    metric_manifest_from(
         name,
         "plays",
-        bootstrap,
-        topic,
+        &secure.scram_source(&secure.sasl_bootstrap, topic),
         &format!(
             r#"
 shards: {SHARDS}
@@ -103,11 +105,14 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     let input = unique_name("plays-input");
     runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = common::rendered_config(
-        dir.path(),
-        &manifest(&name, &env.kafka_bootstrap, &input),
-        ns,
+    let config = common::rendered_config(dir.path(), &manifest(&name, &env, &input), ns);
+    let rendered = std::fs::read_to_string(&config).expect("rendered config");
+    assert!(
+        !rendered.contains(&env.secure_kafka.password()),
+        "the rendered config holds the password: {rendered}"
     );
+    let secrets = dir.path().join("kafka-secrets");
+    env.secure_kafka.write_secret_files(&secrets);
     // Three closed hours before the current one.
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -158,7 +163,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     }
     producer.flush(Duration::from_secs(30)).expect("flush");
 
-    let stack = common::Stack::start(dir.path(), &config);
+    let stack = common::Stack::start_with(dir.path(), &config, Some(&secrets));
     let _workers = [stack.worker(0), stack.worker(1)];
 
     let list = |window: &str, scope: &str| -> Option<Value> {
@@ -189,6 +194,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
         let out = common::topk()
             .args(["recount", "--config", &stack.config])
             .args(["--hour", &hour])
+            .args(stack.secrets_args())
             .arg("--spill-dir")
             .arg(dir.path().join("spill"))
             .arg("--termination-log")

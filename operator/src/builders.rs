@@ -9,10 +9,11 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
+    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    ProjectedVolumeSource, ResourceRequirements, SecretProjection, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -23,6 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 pub use topk_api::dataplane::CONFIG_KEY;
+use topk_api::kafka::{KAFKA_SECRETS_DIR, KafkaSecurity};
 pub use topk_api::names::Names;
 use topk_api::{Component, DataPlaneConfig, TopKMetric};
 
@@ -277,19 +279,12 @@ pub fn desired(
             &names,
             "worker",
             rollout.worker_replicas,
-            &config.rollout_hash(Component::Worker),
+            &config,
             settings,
         )?,
         worker_pdb: pdb(metric, &names.worker, "worker")?,
         reducer_service: headless_service(metric, &names.reducer, "reducer")?,
-        reducer: statefulset(
-            metric,
-            &names,
-            "reducer",
-            reducers,
-            &config.rollout_hash(Component::Reducer),
-            settings,
-        )?,
+        reducer: statefulset(metric, &names, "reducer", reducers, &config, settings)?,
         reducer_pdb: pdb(metric, &names.reducer, "reducer")?,
     })
 }
@@ -362,9 +357,15 @@ fn statefulset(
     names: &Names,
     component: &str,
     replicas: u32,
-    config_hash: &str,
+    config: &DataPlaneConfig,
     settings: &Settings,
 ) -> Result<StatefulSet, Error> {
+    let kafka = &config.kafka.security;
+    let config_hash = config.rollout_hash(if component == "worker" {
+        Component::Worker
+    } else {
+        Component::Reducer
+    });
     let name = if component == "worker" {
         &names.worker
     } else {
@@ -414,11 +415,11 @@ fn statefulset(
                     labels: Some(pod_labels),
                     annotations: Some(BTreeMap::from([(
                         CONFIG_HASH_ANNOTATION.to_owned(),
-                        config_hash.to_owned(),
+                        config_hash,
                     )])),
                     ..Default::default()
                 }),
-                spec: Some(pod_spec(names, main, Vec::new())),
+                spec: Some(pod_spec(names, main, Vec::new(), kafka)),
             },
             volume_claim_templates: Some(vec![state_claim]),
             ..Default::default()
@@ -480,9 +481,14 @@ fn container(command: &str, extra_args: &[String], settings: &Settings) -> Conta
     }
 }
 
-/// The data plane's pod: its service account, non-root, the rendered config as a volume, and
-/// any `extra_volumes`.
-fn pod_spec(names: &Names, container: Container, extra_volumes: Vec<Volume>) -> PodSpec {
+/// The data plane's pod: its service account, non-root, the rendered config as a volume, the
+/// Secret keys its Kafka settings reference, and any `extra_volumes`.
+fn pod_spec(
+    names: &Names,
+    mut container: Container,
+    extra_volumes: Vec<Volume>,
+    kafka: &KafkaSecurity,
+) -> PodSpec {
     let mut volumes = vec![Volume {
         name: "config".to_owned(),
         config_map: Some(ConfigMapVolumeSource {
@@ -491,6 +497,13 @@ fn pod_spec(names: &Names, container: Container, extra_volumes: Vec<Volume>) -> 
         }),
         ..Default::default()
     }];
+    if let Some(secrets) = kafka_secrets_volume(kafka) {
+        container
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(&secrets.name, KAFKA_SECRETS_DIR, true));
+        volumes.push(secrets);
+    }
     volumes.extend(extra_volumes);
     PodSpec {
         service_account_name: Some(names.data_plane.clone()),
@@ -504,6 +517,42 @@ fn pod_spec(names: &Names, container: Container, extra_volumes: Vec<Volume>) -> 
         volumes: Some(volumes),
         ..Default::default()
     }
+}
+
+/// The Secret keys `kafka` references, projected as `SECRET/KEY` files (what the data plane
+/// reads under [`KAFKA_SECRETS_DIR`]); readable by the pod's user only. None without any.
+fn kafka_secrets_volume(kafka: &KafkaSecurity) -> Option<Volume> {
+    let keys = kafka.secret_keys();
+    if keys.is_empty() {
+        return None;
+    }
+    let mut by_secret: BTreeMap<&str, Vec<KeyToPath>> = BTreeMap::new();
+    for key in &keys {
+        by_secret.entry(&key.secret).or_default().push(KeyToPath {
+            key: key.key.clone(),
+            path: key.path(),
+            mode: None,
+        });
+    }
+    let sources = by_secret
+        .into_iter()
+        .map(|(secret, items)| VolumeProjection {
+            secret: Some(SecretProjection {
+                name: secret.to_owned(),
+                items: Some(items),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    Some(Volume {
+        name: "kafka-secrets".to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(sources),
+            default_mode: Some(0o440),
+        }),
+        ..Default::default()
+    })
 }
 
 /// `YYYYMMDDHH` (UTC) of the hour starting at `hour_ms`: the hour label and name part.
@@ -549,7 +598,8 @@ pub fn recount_job(
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     };
-    let mut pod = pod_spec(&names, container, vec![scratch]);
+    let config = DataPlaneConfig::from_metric(metric)?;
+    let mut pod = pod_spec(&names, container, vec![scratch], &config.kafka.security);
     pod.restart_policy = Some("Never".to_owned());
     Ok(Job {
         metadata,

@@ -29,7 +29,7 @@ use crate::decide::{self, Decision, Note, Observation};
 use crate::error::Error;
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
-use crate::topics::Admins;
+use crate::topics::{self, Admins};
 
 pub const MANAGER: &str = "topk-operator";
 const APPLIED_HASH: &str = "topk.io/applied-hash";
@@ -206,7 +206,10 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
     if !decide::acts_on(metric) {
         return Ok(observation);
     }
-    observation.kafka = ctx.topics.ensure(metric, ns).await.err();
+    observation.kafka = match topics::kafka_properties(&ctx.client, metric, ns).await {
+        Ok(kafka) => ctx.topics.ensure(metric, ns, &kafka).await.err(),
+        Err(problem) => Some(problem),
+    };
     if let Some(problem) = &observation.kafka {
         ctx.metrics.failure("kafka");
         tracing::warn!(name = %metric.name_any(), reason = problem.reason(), "{}", problem.message());
@@ -321,7 +324,10 @@ async fn finalize(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Option
             return Ok(Some(Action::await_change()));
         }
         let deleted = if wants {
-            ctx.topics.delete(metric, ns).await
+            match topics::kafka_properties(&ctx.client, metric, ns).await {
+                Ok(kafka) => ctx.topics.delete(metric, ns, &kafka).await,
+                Err(problem) => Err(problem),
+            }
         } else {
             Ok(())
         };

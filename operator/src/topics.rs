@@ -6,12 +6,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use topk_api::topics::{InternalTopic, internal_topics};
 
+use k8s_openapi::api::core::v1::Secret;
 use prometheus_client::metrics::counter::Counter;
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use topk_api::TopKMetric;
+use topk_api::kafka::{KafkaProperties, SecretKey};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an internal topic found or created counts as there without asking the broker
@@ -23,6 +27,10 @@ const CONFIRMED_FOR: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum TopicProblem {
+    /// A Secret key the Kafka settings reference cannot be read.
+    Credentials(String),
+    /// The brokers refused the credentials (SASL) or the TLS handshake failed.
+    Authentication(String),
     Unreachable(String),
     InputMissing {
         topic: String,
@@ -42,6 +50,8 @@ pub enum TopicProblem {
 impl TopicProblem {
     pub fn reason(&self) -> &'static str {
         match self {
+            TopicProblem::Credentials(_) => "KafkaCredentialsUnavailable",
+            TopicProblem::Authentication(_) => "KafkaAuthenticationFailed",
             TopicProblem::Unreachable(_) => "KafkaUnreachable",
             TopicProblem::InputMissing { .. } => "InputTopicMissing",
             TopicProblem::PartitionMismatch { .. } => "PartitionMismatch",
@@ -51,6 +61,10 @@ impl TopicProblem {
 
     pub fn message(&self) -> String {
         match self {
+            TopicProblem::Credentials(e) => format!("cannot read the Kafka credentials: {e}"),
+            TopicProblem::Authentication(e) => format!(
+                "Kafka refused the connection: {e}; check spec.source.kafka.tls and authentication and the Secrets they reference"
+            ),
             TopicProblem::Unreachable(e) => format!("cannot reach Kafka: {e}"),
             TopicProblem::InputMissing { topic, shards } => {
                 format!(
@@ -93,10 +107,147 @@ fn settle(
     Ok(settled)
 }
 
-/// Admin clients, one per bootstrap string, reused across reconciles, and the internal topics
-/// known to exist.
+/// The context of a connection's probe: keeps the newest authentication or TLS failure
+/// librdkafka reported, which a failed request then names instead of a bare timeout.
+#[derive(Default)]
+pub struct ProbeContext {
+    refused: Mutex<Option<String>>,
+}
+
+impl ProbeContext {
+    fn refused(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The problem a failed request stands for.
+    fn problem(&self, error: &KafkaError) -> TopicProblem {
+        if let Some(code) = error.rdkafka_error_code()
+            && refusal(code)
+        {
+            return TopicProblem::Authentication(error.to_string());
+        }
+        match self.refused().clone() {
+            Some(reason) => TopicProblem::Authentication(reason),
+            None => TopicProblem::Unreachable(error.to_string()),
+        }
+    }
+}
+
+/// Errors that mean the brokers were reached and refused us.
+fn refusal(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::SSL
+    )
+}
+
+/// Whether a librdkafka log line reports a broker connection refused for its credentials or
+/// its TLS handshake: librdkafka says why a connection failed only in these log lines
+/// (facility `FAIL`); its error events carry a bare code, if they come at all.
+fn refused_connection(facility: &str, message: &str) -> bool {
+    facility == "FAIL"
+        && [
+            "authentication",
+            "SSL handshake failed",
+            "certificate verify failed",
+        ]
+        .iter()
+        .any(|cause| {
+            message
+                .to_ascii_lowercase()
+                .contains(&cause.to_ascii_lowercase())
+        })
+}
+
+impl ClientContext for ProbeContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        if refused_connection(facility, message) {
+            *self.refused() = Some(message.to_owned());
+        }
+        match level {
+            RDKafkaLogLevel::Debug => tracing::debug!("kafka admin client: {facility} {message}"),
+            RDKafkaLogLevel::Info | RDKafkaLogLevel::Notice => {
+                tracing::info!("kafka admin client: {facility} {message}")
+            }
+            _ => tracing::warn!("kafka admin client: {facility} {message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code().is_some_and(refusal) {
+            *self.refused() = Some(reason.to_owned());
+        }
+        tracing::warn!("kafka admin client: {error}: {reason}");
+    }
+}
+
+impl ProducerContext for ProbeContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+/// The operator's clients of one cluster with one set of credentials: an admin client for
+/// topics, and a probe that reads metadata. The probe is a producer that never sends: its
+/// thread polls librdkafka's main queue, where the log lines and errors that say why a
+/// connection failed arrive (an admin client only polls its own results).
+pub struct Connection {
+    admin: AdminClient<DefaultClientContext>,
+    probe: ThreadedProducer<ProbeContext>,
+}
+
+impl Connection {
+    fn problem(&self, error: &KafkaError) -> TopicProblem {
+        self.probe.context().problem(error)
+    }
+}
+
+/// The properties of `metric`'s Kafka clients, with the Secret keys its settings reference
+/// read through the Kubernetes API (the pods read the same keys from their mounted files).
+pub async fn kafka_properties(
+    client: &kube::Client,
+    metric: &TopKMetric,
+    namespace: &str,
+) -> Result<KafkaProperties, TopicProblem> {
+    let kafka = &metric.spec.source.kafka;
+    let security = kafka.security();
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
+    let mut read: HashMap<SecretKey, Result<String, String>> = HashMap::new();
+    let mut fetched: HashMap<String, Result<Option<Secret>, String>> = HashMap::new();
+    for key in security.secret_keys() {
+        if !fetched.contains_key(&key.secret) {
+            let secret = secrets
+                .get_opt(&key.secret)
+                .await
+                .map_err(|e| e.to_string());
+            fetched.insert(key.secret.clone(), secret);
+        }
+        let value = match &fetched[&key.secret] {
+            Err(e) => Err(format!("cannot read the Secret: {e}")),
+            Ok(None) => Err("no such Secret".to_owned()),
+            Ok(Some(secret)) => match secret.data.as_ref().and_then(|d| d.get(&key.key)) {
+                None => Err("the Secret has no such key".to_owned()),
+                Some(bytes) => String::from_utf8(bytes.0.clone())
+                    .map_err(|_| "the value is not UTF-8 text".to_owned()),
+            },
+        };
+        read.insert(key, value);
+    }
+    security
+        .properties(&kafka.bootstrap_servers, |key| {
+            read.remove(key)
+                .unwrap_or_else(|| Err("not read".to_owned()))
+        })
+        .map_err(|e| TopicProblem::Credentials(e.to_string()))
+}
+
+/// Admin clients, one per cluster and credentials, reused across reconciles, and the internal
+/// topics known to exist.
 pub struct Admins {
-    clients: Mutex<HashMap<String, std::sync::Arc<AdminClient<DefaultClientContext>>>>,
+    /// Keyed by the properties' fingerprint: new credentials get a new client.
+    clients: Mutex<HashMap<u64, std::sync::Arc<Connection>>>,
     /// (bootstrap, topic) found or created, and when.
     confirmed: Mutex<HashMap<(String, String), Instant>>,
     /// CreateTopics requests sent.
@@ -117,46 +268,57 @@ impl Admins {
         self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn get(
-        &self,
-        bootstrap: &str,
-    ) -> Result<std::sync::Arc<AdminClient<DefaultClientContext>>, TopicProblem> {
+    fn get(&self, kafka: &KafkaProperties) -> Result<std::sync::Arc<Connection>, TopicProblem> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = clients.get(bootstrap) {
+        let key = kafka.fingerprint();
+        if let Some(c) = clients.get(&key) {
             return Ok(c.clone());
         }
-        let client: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("socket.timeout.ms", "5000")
-            .create()
-            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
-        let client = std::sync::Arc::new(client);
-        clients.insert(bootstrap.to_owned(), client.clone());
+        let mut config = topk_runtime::client_config(kafka);
+        config.set("socket.timeout.ms", "5000");
+        let invalid = |e: KafkaError| TopicProblem::Credentials(e.to_string());
+        let client = std::sync::Arc::new(Connection {
+            admin: config.create().map_err(invalid)?,
+            probe: config
+                .create_with_context(ProbeContext::default())
+                .map_err(invalid)?,
+        });
+        clients.insert(key, client.clone());
         Ok(client)
     }
 
-    /// Checks the input topic and creates missing internal topics.
-    pub async fn ensure(&self, metric: &TopKMetric, namespace: &str) -> Result<(), TopicProblem> {
-        let kafka = &metric.spec.source.kafka;
-        let admin = self.get(&kafka.bootstrap_servers)?;
-        let input = kafka.topic.clone();
+    /// Checks the input topic and creates missing internal topics, as a client with `kafka`'s
+    /// properties.
+    pub async fn ensure(
+        &self,
+        metric: &TopKMetric,
+        namespace: &str,
+        kafka: &KafkaProperties,
+    ) -> Result<(), TopicProblem> {
+        let admin = self.get(kafka)?;
+        let input = metric.spec.source.kafka.topic.clone();
         let shards = metric.spec.shards;
         // Partitions of the input topic; None when it does not exist.
         let partitions = {
             let admin = admin.clone();
             let input = input.clone();
             tokio::task::spawn_blocking(move || {
-                let metadata = admin.inner().fetch_metadata(Some(&input), TIMEOUT)?;
+                let metadata = admin
+                    .probe
+                    .client()
+                    .fetch_metadata(Some(&input), TIMEOUT)
+                    .map_err(|e| admin.problem(&e))?;
+                // Reached and answered: any earlier refusal is over.
+                *admin.probe.context().refused() = None;
                 let topic = metadata.topics().iter().find(|t| t.name() == input);
-                Ok::<_, rdkafka::error::KafkaError>(
+                Ok::<_, TopicProblem>(
                     topic
                         .filter(|t| t.error().is_none() && !t.partitions().is_empty())
                         .map(|t| t.partitions().len()),
                 )
             })
             .await
-            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?
-            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?
+            .map_err(|e| TopicProblem::Unreachable(e.to_string()))??
         };
         match partitions {
             None => {
@@ -175,7 +337,7 @@ impl Admins {
             Some(_) => {}
         }
         let name = kube::ResourceExt::name_any(metric);
-        let bootstrap = &kafka.bootstrap_servers;
+        let bootstrap = kafka.bootstrap().to_owned();
         let wanted: Vec<InternalTopic> = {
             let confirmed = self.confirmed();
             internal_topics(namespace, &name, shards)
@@ -202,12 +364,13 @@ impl Admins {
             })
             .collect();
         let results = admin
+            .admin
             .create_topics(
                 new.iter(),
                 &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
             )
             .await
-            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
+            .map_err(|e| admin.problem(&e))?;
         self.create_requests.inc();
         let now = Instant::now();
         let settled = settle(results, RDKafkaErrorCode::TopicAlreadyExists)?;
@@ -219,23 +382,51 @@ impl Admins {
     }
 
     /// Deletes the internal topics (for `deletionPolicy: Delete`). Topics already gone are fine.
-    pub async fn delete(&self, metric: &TopKMetric, namespace: &str) -> Result<(), TopicProblem> {
-        let admin = self.get(&metric.spec.source.kafka.bootstrap_servers)?;
+    pub async fn delete(
+        &self,
+        metric: &TopKMetric,
+        namespace: &str,
+        kafka: &KafkaProperties,
+    ) -> Result<(), TopicProblem> {
+        let admin = self.get(kafka)?;
         let name = kube::ResourceExt::name_any(metric);
         let topics = internal_topics(namespace, &name, metric.spec.shards);
         let names: Vec<&str> = topics.iter().map(|t| t.name.as_str()).collect();
         let results = admin
+            .admin
             .delete_topics(
                 &names,
                 &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
             )
             .await
-            .map_err(|e| TopicProblem::Unreachable(e.to_string()))?;
+            .map_err(|e| admin.problem(&e))?;
         let deleted = settle(results, RDKafkaErrorCode::UnknownTopicOrPartition)?;
         let mut confirmed = self.confirmed();
         for topic in deleted {
-            confirmed.remove(&(metric.spec.source.kafka.bootstrap_servers.clone(), topic));
+            confirmed.remove(&(kafka.bootstrap().to_owned(), topic));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_told_from_unreachable_brokers() {
+        assert!(refused_connection(
+            "FAIL",
+            "sasl_ssl://127.0.0.1:9093/bootstrap: SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
+        ));
+        assert!(refused_connection(
+            "FAIL",
+            "ssl://b:9093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed"
+        ));
+        assert!(!refused_connection(
+            "FAIL",
+            "b:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused"
+        ));
+        assert!(!refused_connection("SASL", "authentication started"));
     }
 }

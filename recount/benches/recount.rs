@@ -54,7 +54,7 @@ fn main() {
             metric: "bench".into(),
             max_key_bytes: 256,
             config_version: "bench".into(),
-            bootstrap: env.kafka_bootstrap.clone(),
+            kafka: topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),
             input_topic: input.clone(),
             topics: TopicNames::of(ns, &name),
             hour_start_ms,

@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use topk_api::DataPlaneConfig;
+use topk_api::kafka::KafkaProperties;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason, format_rfc3339_ms};
@@ -38,7 +38,8 @@ pub struct RecountSettings {
     pub metric: String,
     pub max_key_bytes: usize,
     pub config_version: String,
-    pub bootstrap: String,
+    /// The Kafka cluster and how to connect to it, credentials included.
+    pub kafka: topk_api::kafka::KafkaProperties,
     pub input_topic: String,
     pub topics: TopicNames,
     /// Start of the hour, Unix ms (a multiple of an hour).
@@ -53,7 +54,11 @@ pub struct RecountSettings {
 }
 
 /// Resolves a recount of the hour starting at `hour_start_ms` for this metric.
-pub fn settings(config: &DataPlaneConfig, hour_start_ms: i64) -> Result<RecountSettings, Error> {
+pub fn settings(
+    config: &DataPlaneConfig,
+    hour_start_ms: i64,
+    kafka: KafkaProperties,
+) -> Result<RecountSettings, Error> {
     if hour_start_ms.rem_euclid(HOUR_MS) != 0 {
         return Err(Error::Config(format!(
             "--hour {} is not the start of an hour",
@@ -64,7 +69,7 @@ pub fn settings(config: &DataPlaneConfig, hour_start_ms: i64) -> Result<RecountS
         metric: config.engine.metric.clone(),
         max_key_bytes: config.engine.max_key_bytes,
         config_version: config.config_version(),
-        bootstrap: config.kafka.bootstrap_servers.clone(),
+        kafka,
         input_topic: config.kafka.input_topic.clone(),
         topics: config.kafka.topics.clone(),
         hour_start_ms,
@@ -118,8 +123,7 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     let started = Instant::now();
     let hour = format_rfc3339_ms(settings.hour_start_ms);
     let hour_end = settings.hour_start_ms + HOUR_MS;
-    let mut kafka = ClientConfig::new();
-    kafka.set("bootstrap.servers", &settings.bootstrap);
+    let kafka = topk_runtime::client_config(&settings.kafka);
     let input = InputConsumer::new(
         kafka
             .clone()
@@ -300,8 +304,7 @@ fn run_id() -> String {
 }
 
 fn producer(settings: &RecountSettings) -> Result<ThreadedProducer<DeliveryCounter>, Error> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", &settings.bootstrap)
+    Ok(topk_runtime::client_config(&settings.kafka)
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
         .create_with_context(DeliveryCounter::default())?)

@@ -27,6 +27,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use topk_api::DataPlaneConfig;
 use topk_api::dataplane::std_duration;
+use topk_api::kafka::KafkaProperties;
 use topk_query::query_router;
 use topk_runtime::ControlPlane;
 
@@ -35,7 +36,7 @@ pub use reducer::{Reducer, ReducerSettings, Shared};
 pub use state::{ReducerConfig, ReducerState};
 
 /// What a reducer of this metric merges, where, and how long it keeps versions.
-pub fn settings(config: &DataPlaneConfig) -> ReducerSettings {
+pub fn settings(config: &DataPlaneConfig, kafka: KafkaProperties) -> ReducerSettings {
     let engine = &config.engine;
     let tuning = &config.reducer;
     ReducerSettings {
@@ -49,7 +50,7 @@ pub fn settings(config: &DataPlaneConfig) -> ReducerSettings {
             window_lengths: engine.windows.iter().map(|w| w.length_ms).collect(),
         },
         bucket_ms: engine.windows.iter().map(|w| w.bucket_ms).collect(),
-        bootstrap: config.kafka.bootstrap_servers.clone(),
+        kafka,
         topics: config.kafka.topics.clone(),
         state_dir: PathBuf::from("/var/lib/topk"),
         stale_after: std_duration(tuning.stale_after),

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -44,7 +43,8 @@ pub struct ReducerSettings {
     pub merge: ReducerConfig,
     /// Bucket width of each window (same order), for the staleness threshold.
     pub bucket_ms: Vec<i64>,
-    pub bootstrap: String,
+    /// The Kafka cluster and how to connect to it, credentials included.
+    pub kafka: topk_api::kafka::KafkaProperties,
     pub topics: TopicNames,
     pub state_dir: PathBuf,
     /// A window's lists are stale when nothing newer was published for this long (or two
@@ -203,8 +203,7 @@ impl Reducer {
         if let Some(table) = initial {
             state.set_table(table);
         }
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &settings.bootstrap)
+        let consumer: BaseConsumer = topk_runtime::client_config(&settings.kafka)
             // Positions live in the ranking store; the group id is only required.
             .set(
                 "group.id",

@@ -211,7 +211,7 @@ fn reducer_merges_fences_serves_and_recovers() {
             window_lengths: vec![Some(60_000)],
         },
         bucket_ms: vec![100],
-        bootstrap: env.kafka_bootstrap.clone(),
+        kafka: topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),
         topics: topics.clone(),
         state_dir: dir.path().to_owned(),
         stale_after: Duration::from_millis(800),

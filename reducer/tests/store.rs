@@ -188,7 +188,7 @@ fn an_undecodable_exact_hour_sets_the_store_aside_at_start() {
             window_lengths: vec![Some(3_600_000)],
         },
         bucket_ms: vec![60_000],
-        bootstrap: "127.0.0.1:9".into(),
+        kafka: topk_api::kafka::KafkaProperties::plaintext("127.0.0.1:9"),
         topics: topk_api::topics::TopicNames::of("test", "plays"),
         state_dir: dir.path().to_owned(),
         stale_after: std::time::Duration::from_secs(60),

@@ -17,6 +17,7 @@ use std::path::Path;
 pub use control::ControlPlane;
 pub use error::Error;
 use topk_api::DataPlaneConfig;
+use topk_api::kafka::KafkaProperties;
 
 /// Reads the config the operator renders (JSON), or a TopKMetric manifest (YAML), which
 /// becomes the same config.
@@ -24,6 +25,31 @@ pub fn load_config(path: &Path) -> Result<DataPlaneConfig, Error> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
     DataPlaneConfig::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+}
+
+/// The properties of the metric's Kafka clients, with the credentials its settings reference
+/// read from `secrets_dir` (where the operator mounts them, as `SECRET/KEY`).
+pub fn kafka_properties(
+    config: &DataPlaneConfig,
+    secrets_dir: &Path,
+) -> Result<KafkaProperties, Error> {
+    config
+        .kafka
+        .properties(|key| {
+            let path = secrets_dir.join(key.path());
+            std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        })
+        .map_err(|e| Error::Config(format!("Kafka credentials: {e}")))
+}
+
+/// A librdkafka config with `properties` set: every client of the metric starts from it.
+pub fn client_config(properties: &KafkaProperties) -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    for (name, value) in properties.iter() {
+        config.set(name, value);
+    }
+    config
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

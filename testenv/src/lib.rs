@@ -57,6 +57,77 @@ pub struct TestEnv {
     /// The address the test environment gave this machine on an interface of its own (as
     /// root), which the apiserver can proxy to; `None` without one.
     pub host_address: Option<String>,
+    /// The broker's TLS and SASL_SSL listeners.
+    pub secure_kafka: SecureKafka,
+}
+
+/// The broker's secured listeners: mutual TLS, and SASL_SSL with SCRAM-SHA-512,
+/// SCRAM-SHA-256 and PLAIN for one user; certificates from the test environment's own CA.
+#[derive(Debug, Clone)]
+pub struct SecureKafka {
+    /// Mutual TLS: a client certificate signed by the CA is required.
+    pub tls_bootstrap: String,
+    pub sasl_bootstrap: String,
+    /// `ca.crt`, `client.crt`, `client.key` and `sasl-password`.
+    pub tls_dir: PathBuf,
+    pub user: String,
+}
+
+/// Secret names the secured sources below reference.
+pub const KAFKA_CA_SECRET: &str = "kafka-ca";
+pub const KAFKA_USER_SECRET: &str = "topk-user";
+
+impl SecureKafka {
+    pub fn file(&self, name: &str) -> String {
+        std::fs::read_to_string(self.tls_dir.join(name))
+            .unwrap_or_else(|e| panic!("{}: {e}", self.tls_dir.join(name).display()))
+    }
+
+    pub fn password(&self) -> String {
+        self.file("sasl-password").trim().to_owned()
+    }
+
+    /// The Secrets' data as (Secret, key, value): the CA, the user's password (`password`)
+    /// and client certificate and key (`user.crt`, `user.key`).
+    pub fn secret_data(&self) -> Vec<(&'static str, &'static str, String)> {
+        vec![
+            (KAFKA_CA_SECRET, "ca.crt", self.file("ca.crt")),
+            (KAFKA_USER_SECRET, "password", self.password()),
+            (KAFKA_USER_SECRET, "user.crt", self.file("client.crt")),
+            (KAFKA_USER_SECRET, "user.key", self.file("client.key")),
+        ]
+    }
+
+    /// Writes the Secrets' keys under `dir` as the operator mounts them (`SECRET/KEY`).
+    pub fn write_secret_files(&self, dir: &Path) {
+        for (secret, key, value) in self.secret_data() {
+            std::fs::create_dir_all(dir.join(secret)).expect("secret dir");
+            std::fs::write(dir.join(secret).join(key), value).expect("secret file");
+        }
+    }
+
+    /// `spec.source.kafka`'s settings (flow YAML, without braces) for SCRAM-SHA-512 over TLS
+    /// on `bootstrap` (the SASL_SSL listener, as the client reaches it).
+    pub fn scram_source(&self, bootstrap: &str, topic: &str) -> String {
+        format!(
+            "bootstrapServers: \"{bootstrap}\", topic: {topic}, \
+             tls: {{trustedCertificates: [{{secretName: {KAFKA_CA_SECRET}, certificate: ca.crt}}]}}, \
+             authentication: {{type: scram-sha-512, username: {}, \
+             passwordSecret: {{secretName: {KAFKA_USER_SECRET}, password: password}}}}",
+            self.user
+        )
+    }
+
+    /// `spec.source.kafka`'s settings for mutual TLS on the TLS listener.
+    pub fn mutual_tls_source(&self, topic: &str) -> String {
+        format!(
+            "bootstrapServers: \"{}\", topic: {topic}, \
+             tls: {{trustedCertificates: [{{secretName: {KAFKA_CA_SECRET}, certificate: ca.crt}}]}}, \
+             authentication: {{type: tls, certificateAndKey: {{secretName: {KAFKA_USER_SECRET}, \
+             certificate: user.crt, key: user.key}}}}",
+            self.tls_bootstrap
+        )
+    }
 }
 
 /// The env file `scripts/testenv.sh up` writes.
@@ -126,6 +197,12 @@ impl TestEnv {
             kube_version: get("TOPK_KUBE_VERSION")?,
             helm: PathBuf::from(get("TOPK_HELM")?),
             host_address: vars.get("TOPK_TESTENV_NODE_IP").map(|v| v.to_string()),
+            secure_kafka: SecureKafka {
+                tls_bootstrap: get("TOPK_KAFKA_TLS_BOOTSTRAP")?,
+                sasl_bootstrap: get("TOPK_KAFKA_SASL_BOOTSTRAP")?,
+                tls_dir: PathBuf::from(get("TOPK_KAFKA_TLS_DIR")?),
+                user: get("TOPK_KAFKA_SASL_USER")?,
+            },
         })
     }
 
@@ -444,9 +521,15 @@ pub fn metric_manifest(
     topic: &str,
     spec: &str,
 ) -> String {
+    let source = format!("bootstrapServers: \"{bootstrap}\", topic: {topic}");
+    metric_manifest_from(name, metric, &source, spec)
+}
+
+/// [`metric_manifest`] with `spec.source.kafka` given as flow YAML without braces.
+pub fn metric_manifest_from(name: &str, metric: &str, kafka_source: &str, spec: &str) -> String {
     let mut out = format!(
         "apiVersion: topk.io/v1alpha1\nkind: TopKMetric\nmetadata: {{name: {name}}}\nspec:\n  \
-         metric: {metric}\n  source: {{kafka: {{bootstrapServers: \"{bootstrap}\", topic: {topic}}}}}\n"
+         metric: {metric}\n  source: {{kafka: {{{kafka_source}}}}}\n"
     );
     for line in spec.trim_matches('\n').lines() {
         out.push_str("  ");

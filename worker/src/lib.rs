@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{mpsc, watch};
 use topk_api::DataPlaneConfig;
 use topk_api::dataplane::std_duration;
+use topk_api::kafka::KafkaProperties;
 use topk_runtime::probes::{self, Probes};
 use topk_runtime::{ControlPlane, control, shutdown_signal};
 
@@ -22,7 +23,11 @@ pub use topk_api::record::SummaryRecord;
 pub use worker::{Health, Worker, WorkerSettings};
 
 /// What worker `ordinal` of this metric runs by.
-pub fn settings(config: &DataPlaneConfig, ordinal: u32) -> Result<WorkerSettings, Error> {
+pub fn settings(
+    config: &DataPlaneConfig,
+    ordinal: u32,
+    kafka: KafkaProperties,
+) -> Result<WorkerSettings, Error> {
     let engine = config.engine.clone();
     if ordinal >= engine.shards {
         return Err(Error::Config(format!(
@@ -36,7 +41,7 @@ pub fn settings(config: &DataPlaneConfig, ordinal: u32) -> Result<WorkerSettings
         ordinal,
         engine,
         config_version: config.config_version(),
-        bootstrap: config.kafka.bootstrap_servers.clone(),
+        kafka,
         input_topic: config.kafka.input_topic.clone(),
         topics: config.kafka.topics.clone(),
         state_dir: PathBuf::from("/var/lib/topk"),

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -46,7 +45,8 @@ pub struct WorkerSettings {
     pub engine: EngineConfig,
     /// Hash of the rendered config, stamped on summaries.
     pub config_version: String,
-    pub bootstrap: String,
+    /// The Kafka cluster and how to connect to it, credentials included.
+    pub kafka: topk_api::kafka::KafkaProperties,
     pub input_topic: String,
     pub topics: TopicNames,
     pub state_dir: PathBuf,
@@ -420,8 +420,7 @@ impl Worker {
         reports: mpsc::UnboundedSender<Report>,
         health: Arc<Health>,
     ) -> Result<Self, Error> {
-        let mut kafka = ClientConfig::new();
-        kafka.set("bootstrap.servers", &settings.bootstrap);
+        let kafka = topk_runtime::client_config(&settings.kafka);
         // Offsets live in the checkpoints, never in the group; the id is only required.
         let consumer: BaseConsumer = kafka
             .clone()

@@ -144,11 +144,19 @@ pub struct Stack {
     dir: PathBuf,
     pub config: String,
     assignment: String,
+    /// `--kafka-secrets` of every process, when the config references Secrets.
+    kafka_secrets: Option<String>,
     pub reducer: Server,
 }
 
 impl Stack {
     pub fn start(dir: &Path, config: &Path) -> Self {
+        Self::start_with(dir, config, None)
+    }
+
+    /// [`Self::start`] for a config whose Kafka settings reference Secrets, whose keys are
+    /// files under `kafka_secrets` (as the operator mounts them).
+    pub fn start_with(dir: &Path, config: &Path, kafka_secrets: Option<&Path>) -> Self {
         let assignment = dir.join("assignment.json");
         let table = serde_json::json!({"version": 1, "shards": [
             {"shard": 0, "worker": 0, "epoch": 1},
@@ -157,18 +165,25 @@ impl Stack {
         std::fs::write(&assignment, table.to_string()).expect("assignment");
         let config = config.to_str().expect("utf-8 path").to_owned();
         let assignment = assignment.to_str().expect("utf-8 path").to_owned();
-        let reducer = Self::spawn_reducer(dir, &config, &assignment);
+        let kafka_secrets = kafka_secrets.map(|p| p.to_str().expect("utf-8 path").to_owned());
+        let reducer = Self::spawn_reducer(dir, &config, &assignment, kafka_secrets.as_deref());
         Self {
             dir: dir.to_owned(),
             config,
             assignment,
+            kafka_secrets,
             reducer,
         }
     }
 
-    fn spawn_reducer(dir: &Path, config: &str, assignment: &str) -> Server {
+    fn spawn_reducer(
+        dir: &Path,
+        config: &str,
+        assignment: &str,
+        kafka_secrets: Option<&str>,
+    ) -> Server {
         let state = dir.join("reducer");
-        spawn(&[
+        let mut args = vec![
             "reducer",
             "--config",
             config,
@@ -176,14 +191,31 @@ impl Stack {
             assignment,
             "--state-dir",
             state.to_str().expect("utf-8 path"),
-        ])
+        ];
+        if let Some(secrets) = kafka_secrets {
+            args.extend(["--kafka-secrets", secrets]);
+        }
+        spawn(&args)
+    }
+
+    /// The `--kafka-secrets` arguments every process of the stack takes.
+    pub fn secrets_args(&self) -> Vec<String> {
+        self.kafka_secrets
+            .iter()
+            .flat_map(|dir| ["--kafka-secrets".to_owned(), dir.clone()])
+            .collect()
     }
 
     /// SIGKILLs the reducer and starts it again on the same state.
     pub fn restart_reducer(&mut self) {
         let _ = self.reducer.child.kill();
         let _ = self.reducer.child.wait();
-        self.reducer = Self::spawn_reducer(&self.dir, &self.config, &self.assignment);
+        self.reducer = Self::spawn_reducer(
+            &self.dir,
+            &self.config,
+            &self.assignment,
+            self.kafka_secrets.as_deref(),
+        );
     }
 
     /// The reducer's ranking store (a RocksDB directory).
@@ -210,7 +242,7 @@ impl Stack {
 
     fn worker_args_on(&self, ordinal: u32, assignment: &str) -> Vec<String> {
         let state = self.dir.join(format!("worker-{ordinal}"));
-        vec![
+        let mut args = vec![
             "worker".into(),
             "--config".into(),
             self.config.clone(),
@@ -220,7 +252,9 @@ impl Stack {
             assignment.to_owned(),
             "--state-dir".into(),
             state.to_str().expect("utf-8 path").to_owned(),
-        ]
+        ];
+        args.extend(self.secrets_args());
+        args
     }
 
     pub fn worker(&self, ordinal: u32) -> Process {

@@ -1,8 +1,12 @@
 //! Setup shared by the operator's tests against the real test environment.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Api, Client};
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
 use topk_api::TopKMetric;
 use topk_testenv::{TestEnv, install_crd};
 
@@ -20,6 +24,28 @@ pub async fn setup(test: &str, ns_prefix: &str) -> Option<(TestEnv, Client, Stri
 
 pub async fn create_topic(env: &TestEnv, name: &str, partitions: i32) {
     env.create_topic(name, partitions, &[]).await;
+}
+
+/// Waits until every internal topic of metric `name` (with `shards`) exists on the broker.
+pub async fn await_internal_topics(env: &TestEnv, ns: &str, name: &str, shards: u32) {
+    let admin: AdminClient<DefaultClientContext> = env.kafka_config().create().expect("admin");
+    let internal = topk_api::topics::internal_topics(ns, name, shards);
+    topk_testenv::await_some(
+        &format!("{name}'s internal topics"),
+        Duration::from_secs(90),
+        || async {
+            let md = admin
+                .inner()
+                .fetch_metadata(None, Duration::from_secs(5))
+                .ok()?;
+            let names: Vec<&str> = md.topics().iter().map(|t| t.name()).collect();
+            internal
+                .iter()
+                .all(|t| names.contains(&t.name.as_str()))
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// The TopKMetric's condition of `type_`, if it has one yet.

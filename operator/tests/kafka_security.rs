@@ -1,0 +1,174 @@
+//! The operator's Kafka client on the test broker's secured listeners, with credentials from
+//! Secrets read through the real apiserver: SCRAM-SHA-512 over TLS and mutual TLS create the
+//! internal topics; a wrong password and a missing Secret are `Degraded` reasons that say
+//! what to fix, and fixing the Secret recovers without a restart. What the pods get is checked
+//! on the rendered objects: Secret references in the config, never a secret, and the keys
+//! projected where the data plane reads them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+mod common;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use topk_api::TopKMetric;
+use topk_operator::builders::Settings;
+use topk_operator::reconcile::{self, Context};
+use topk_testenv::{KAFKA_USER_SECRET, await_some, metric_manifest_from, unique_name};
+
+const WAIT: Duration = Duration::from_secs(90);
+const SPEC: &str =
+    "shards: 2\nk: 5\nwindows:\n  - {name: 1m, length: 1m, bucket: 10s}\nrecount: {enabled: false}";
+
+async fn create_secret(client: &Client, ns: &str, name: &str, data: &[(&str, String)]) {
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.clone().into_bytes())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create Secret");
+}
+
+async fn create_metric(client: &Client, ns: &str, name: &str, kafka_source: &str) {
+    let manifest = metric_manifest_from(name, "plays", kafka_source, SPEC);
+    let metric = topk_api::load_manifest(&manifest).expect("manifest");
+    Api::<TopKMetric>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &metric)
+        .await
+        .expect("create TopKMetric");
+}
+
+/// The reason of the metric's `Degraded=True` condition, with its message.
+async fn degraded(metrics: &Api<TopKMetric>, name: &str) -> Option<(String, String)> {
+    let c = common::condition(metrics, name, "Degraded").await?;
+    (c.status == "True").then_some((c.reason, c.message))
+}
+
+#[tokio::test]
+async fn secured_brokers_work_and_refused_credentials_say_why() {
+    let Some((env, client, ns)) = common::setup("operator on secured Kafka", "sec").await else {
+        return;
+    };
+    let secure = env.secure_kafka.clone();
+    let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+    let input = unique_name("secure-plays");
+    common::create_topic(&env, &input, 2).await;
+    let mut by_secret: BTreeMap<&str, Vec<(&str, String)>> = BTreeMap::new();
+    for (secret, key, value) in secure.secret_data() {
+        by_secret.entry(secret).or_default().push((key, value));
+    }
+    for (secret, data) in &by_secret {
+        create_secret(&client, &ns, secret, data).await;
+    }
+    create_secret(&client, &ns, "wrong-user", &[("password", "wrong".into())]).await;
+
+    let scram = secure.scram_source(&secure.sasl_bootstrap, &input);
+    create_metric(&client, &ns, "scram", &scram).await;
+    create_metric(&client, &ns, "mtls", &secure.mutual_tls_source(&input)).await;
+    let refused = scram.replace(
+        &format!("secretName: {KAFKA_USER_SECRET}, password"),
+        "secretName: wrong-user, password",
+    );
+    assert_ne!(refused, scram);
+    create_metric(&client, &ns, "refused", &refused).await;
+    let absent = scram.replace(
+        &format!("secretName: {KAFKA_USER_SECRET}, password"),
+        "secretName: absent, password",
+    );
+    create_metric(&client, &ns, "unreadable", &absent).await;
+    let settings = Settings {
+        drain: Duration::from_secs(600),
+        ..Settings::default()
+    };
+    let controller = tokio::spawn(reconcile::run(Context::new(client.clone(), settings)));
+
+    // SCRAM-SHA-512 over TLS and mutual TLS both reach the broker: the topics are created.
+    common::await_internal_topics(&env, &ns, "scram", 2).await;
+    common::await_internal_topics(&env, &ns, "mtls", 2).await;
+
+    // A wrong password and a missing Secret are told apart, each with what to fix.
+    let (reason, message) = await_some("refused credentials", WAIT, || async {
+        degraded(&metrics, "refused")
+            .await
+            .filter(|(r, _)| r == "KafkaAuthenticationFailed")
+    })
+    .await;
+    assert!(message.contains("Authentication"), "{reason}: {message}");
+    let (_, message) = await_some("unreadable credentials", WAIT, || async {
+        degraded(&metrics, "unreadable")
+            .await
+            .filter(|(r, _)| r == "KafkaCredentialsUnavailable")
+    })
+    .await;
+    assert!(
+        message.contains("\"absent\"") && message.contains("no such Secret"),
+        "{message}"
+    );
+
+    // The right password in the Secret: the next reconcile connects with it.
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .patch(
+            "wrong-user",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"stringData": {"password": secure.password()}})),
+        )
+        .await
+        .expect("patch Secret");
+    common::await_internal_topics(&env, &ns, "refused", 2).await;
+
+    // The pods get references and files, never a secret.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let config = await_some("scram's config", WAIT, || async {
+        configmaps.get_opt("scram-config").await.ok()??.data
+    })
+    .await;
+    let rendered = &config[topk_api::CONFIG_KEY];
+    assert!(rendered.contains("scram-sha-512"), "{rendered}");
+    assert!(!rendered.contains(&secure.password()), "{rendered}");
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let worker = await_some("scram's workers", WAIT, || async {
+        statefulsets.get_opt("scram-worker").await.ok()?
+    })
+    .await;
+    let pod = worker.spec.expect("spec").template.spec.expect("pod");
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "kafka-secrets")
+        .expect("the Secrets' volume");
+    let mut files: Vec<String> = volume
+        .projected
+        .as_ref()
+        .and_then(|p| p.sources.clone())
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s.secret.and_then(|s| s.items).unwrap_or_default())
+        .map(|item| item.path)
+        .collect();
+    files.sort();
+    assert_eq!(files, ["kafka-ca/ca.crt", "topk-user/password"]);
+    let mounted =
+        pod.containers[0].volume_mounts.iter().flatten().any(|m| {
+            m.name == "kafka-secrets" && m.mount_path == topk_api::kafka::KAFKA_SECRETS_DIR
+        });
+    assert!(
+        mounted,
+        "the Secrets are mounted where the data plane reads them"
+    );
+    controller.abort();
+}
