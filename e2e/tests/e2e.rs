@@ -12,12 +12,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use topk_api::TopKMetric;
-use topk_testenv::{await_some, list_items as items, metric_manifest};
+use topk_testenv::{SecureKafka, await_some, list_items as items, metric_manifest_from};
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -296,7 +296,22 @@ windows:
 {extra_spec}
 "#
         );
-        let manifest = metric_manifest(name, "plays", bootstrap, topic, &spec);
+        let source = format!("bootstrapServers: \"{bootstrap}\", topic: {topic}");
+        self.create_metric(ns, name, &source, &spec, annotations)
+            .await;
+    }
+
+    /// Creates metric `name` counting `plays` from `kafka_source` (`spec.source.kafka` as flow
+    /// YAML without braces) with the rest of the spec `spec`.
+    async fn create_metric(
+        &self,
+        ns: &str,
+        name: &str,
+        kafka_source: &str,
+        spec: &str,
+        annotations: &[(&str, &str)],
+    ) {
+        let manifest = metric_manifest_from(name, "plays", kafka_source, spec);
         let mut metric: TopKMetric = topk_api::load_manifest(&manifest).expect("manifest");
         for (key, value) in annotations {
             metric
@@ -430,12 +445,17 @@ fn restores(source: &str) -> String {
 /// Asserts that worker `pod` took at least one shard from `source` and none by counting its
 /// input again (`topk_worker_shard_restores_total`), so a broken checkpoint or handoff fails.
 async fn assert_restored_from(cluster: &Cluster, ns: &str, pod: &str, source: &str) {
-    let from_source = await_some(&format!("{pod}'s restore counters"), WAIT, || async {
-        cluster.worker_counter(ns, pod, &restores(source)).await
-    })
+    // The series exists (at 0) from the worker's start, before it has taken any shard.
+    await_some(
+        &format!("{pod} taking a shard from {source}"),
+        WAIT,
+        || async {
+            let from_source = cluster.worker_counter(ns, pod, &restores(source)).await?;
+            (from_source >= 1.0).then_some(())
+        },
+    )
     .await;
     let from_input = cluster.worker_counter(ns, pod, &restores("input")).await;
-    assert!(from_source >= 1.0, "{pod} took no shard from {source}");
     assert_eq!(
         from_input,
         Some(0.0),
@@ -717,6 +737,65 @@ async fn a_metric_counts_from_a_broker_outside_the_cluster() {
         .as_millis() as i64;
     let events: Vec<(i64, String)> = keys.iter().map(|k| (now, k.clone())).collect();
     cluster.produce_on(&bootstrap, &topic, &events);
+    let mut counts = BTreeMap::new();
+    add(&mut counts, &keys);
+    await_exact(&cluster, ns, "plays", &counts).await;
+}
+
+#[tokio::test]
+async fn a_metric_on_a_sasl_ssl_listener_counts_exactly_with_secrets_mounted() {
+    let Some(cluster) = Cluster::get("SASL_SSL broker").await else {
+        return;
+    };
+    // The test environment's broker: its SASL_SSL listener for the metric, its plaintext one
+    // for the test's own topic and events.
+    let Some(sasl) = node_only("TOPK_E2E_SASL_KAFKA", "the SASL_SSL broker") else {
+        return;
+    };
+    let Some(plain) = node_only("TOPK_E2E_EXTERNAL_KAFKA", "the SASL_SSL broker") else {
+        return;
+    };
+    let secure = SecureKafka {
+        tls_bootstrap: String::new(),
+        sasl_bootstrap: sasl.clone(),
+        tls_dir: std::env::var("TOPK_E2E_KAFKA_TLS_DIR")
+            .expect("TOPK_E2E_KAFKA_TLS_DIR")
+            .into(),
+        user: std::env::var("TOPK_E2E_SASL_USER").expect("TOPK_E2E_SASL_USER"),
+    };
+    let scenario = cluster.scenario("sasl").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic_on(&plain, &topic, 4);
+    let mut secrets: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+    for (secret, key, value) in secure.secret_data() {
+        secrets
+            .entry(secret)
+            .or_default()
+            .insert(key.to_owned(), value);
+    }
+    let api: Api<Secret> = Api::namespaced(cluster.client.clone(), ns);
+    for (name, data) in secrets {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name}, "stringData": data,
+        }))
+        .expect("a Secret");
+        api.create(&PostParams::default(), &secret)
+            .await
+            .expect("create Secret");
+    }
+    let spec = "shards: 4\nk: 5\nworkers: {replicas: 2, idleTimeout: 2s}\nallowedLateness: 2s\n\
+                windows:\n  - {name: all, allTime: true, bucket: 10s}";
+    cluster
+        .create_metric(ns, "plays", &secure.scram_source(&sasl, &topic), spec, &[])
+        .await;
+    let keys = plays(5);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let events: Vec<(i64, String)> = keys.iter().map(|k| (now, k.clone())).collect();
+    cluster.produce_on(&plain, &topic, &events);
     let mut counts = BTreeMap::new();
     add(&mut counts, &keys);
     await_exact(&cluster, ns, "plays", &counts).await;
