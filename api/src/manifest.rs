@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -164,6 +166,10 @@ pub struct TopKMetricSpec {
     /// The hourly exact recount of closed hours.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recount: Option<RecountSpec>,
+    /// What happens to the workers' and reducers' volumes when the metric is deleted or
+    /// workers scale down (default: deleted in both cases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_retention: Option<VolumeRetention>,
 }
 
 /// Every closed hour is recounted exactly by a Job; `status.exactUntil` advances over the
@@ -348,6 +354,56 @@ pub struct WorkersSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_SUMMARY_RECORD_BYTES, max = MAX_SUMMARY_RECORD_BYTES))]
     pub max_summary_record_bytes: Option<u32>,
+    /// CPU and memory of each worker (default: requests 500m and 512Mi, a 2Gi memory limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Each worker's checkpoint volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageSpec>,
+}
+
+/// A pod's persistent volume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StorageSpec {
+    /// Requested size (default: the operator's `--state-storage`, 1Gi in the chart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Quantity>,
+    /// StorageClass of the volume (default: the cluster's default class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+/// What happens to the workers' and reducers' volumes (their StatefulSets'
+/// `persistentVolumeClaimRetentionPolicy`). Both default to `Delete`: workers rebuild shards
+/// from handoff snapshots and reducers their lists from the summaries topic, so a kept
+/// volume is only a leak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeRetention {
+    /// When the TopKMetric (and so its StatefulSets) is deleted.
+    #[serde(default)]
+    pub when_deleted: RetainOrDelete,
+    /// When workers are scaled down (their shards moved away first).
+    #[serde(default)]
+    pub when_scaled: RetainOrDelete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum RetainOrDelete {
+    Retain,
+    #[default]
+    Delete,
+}
+
+impl RetainOrDelete {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetainOrDelete::Retain => "Retain",
+            RetainOrDelete::Delete => "Delete",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -369,6 +425,12 @@ pub struct ReducersSpec {
     /// for two of its buckets if longer (default 2m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_after: Option<Duration>,
+    /// CPU and memory of each reducer (default: requests 250m and 256Mi, a 1Gi memory limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Each reducer's ranking-store volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageSpec>,
 }
 
 /// Most versions a list may keep.

@@ -5,14 +5,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SecretProjection, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
+    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretProjection, SecurityContext,
+    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
     VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -373,6 +375,27 @@ fn statefulset(
     };
     let mut pod_labels = labels(metric, component);
     pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
+    let spec = &metric.spec;
+    let (resources, storage) = if component == "worker" {
+        let workers = spec.workers.as_ref();
+        (
+            workers.and_then(|w| w.resources.clone()),
+            workers.and_then(|w| w.storage.clone()),
+        )
+    } else {
+        let reducers = spec.reducers.as_ref();
+        (
+            reducers.and_then(|r| r.resources.clone()),
+            reducers.and_then(|r| r.storage.clone()),
+        )
+    };
+    let resources = resources.unwrap_or_else(|| {
+        if component == "worker" {
+            default_resources(WORKER_RESOURCES)
+        } else {
+            default_resources(REDUCER_RESOURCES)
+        }
+    });
     // Workers keep checkpoints, reducers the ranking store: both on a volume per pod.
     let state_claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -381,10 +404,13 @@ fn statefulset(
         },
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(strings(&["ReadWriteOnce"])),
+            storage_class_name: storage.as_ref().and_then(|s| s.storage_class_name.clone()),
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([(
                     "storage".to_owned(),
-                    Quantity(settings.state_storage.clone()),
+                    storage
+                        .and_then(|s| s.size)
+                        .unwrap_or_else(|| Quantity(settings.state_storage.clone())),
                 )])),
                 limits: None,
             }),
@@ -392,7 +418,8 @@ fn statefulset(
         }),
         status: None,
     };
-    let mut main = container(component, &[], settings);
+    let retention = spec.volume_retention.unwrap_or_default();
+    let mut main = container(component, &[], settings, resources);
     main.ports = Some(vec![ContainerPort {
         name: Some("http".to_owned()),
         container_port: API_PORT,
@@ -422,6 +449,12 @@ fn statefulset(
                 spec: Some(pod_spec(names, main, Vec::new(), kafka)),
             },
             volume_claim_templates: Some(vec![state_claim]),
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some(retention.when_deleted.as_str().to_owned()),
+                    when_scaled: Some(retention.when_scaled.as_str().to_owned()),
+                },
+            ),
             ..Default::default()
         }),
         status: None,
@@ -442,10 +475,57 @@ fn field_env(name: &str, field_path: &str) -> EnvVar {
     }
 }
 
+/// Default (cpu request, memory request, memory limit) of each data-plane pod. Measured
+/// (README): a worker counts about 1 M events per CPU-second and its engine holds 70-150 MiB
+/// for a 1h window of a million keys; a reducer's merge and store are smaller; a recount
+/// holds `recount.maxInMemory` (1 M by default) pairs and ids at 45-80 bytes each. No CPU
+/// limit: throttling would only slow catch-up.
+const WORKER_RESOURCES: (&str, &str, &str) = ("500m", "512Mi", "2Gi");
+const REDUCER_RESOURCES: (&str, &str, &str) = ("250m", "256Mi", "1Gi");
+const RECOUNT_RESOURCES: (&str, &str, &str) = ("500m", "256Mi", "1Gi");
+
+fn default_resources((cpu, memory, memory_limit): (&str, &str, &str)) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory.to_owned())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_owned(),
+            Quantity(memory_limit.to_owned()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// `desired` keeps the claim templates of `live` (the StatefulSet in the cluster), which
+/// Kubernetes refuses to change; returns whether the spec asked for different ones, which then
+/// apply only to a new metric.
+pub fn keep_claim_templates(desired: &mut StatefulSet, live: Option<&StatefulSet>) -> bool {
+    let Some(live) = live.and_then(|l| l.spec.as_ref()?.volume_claim_templates.clone()) else {
+        return false;
+    };
+    let Some(spec) = desired.spec.as_mut() else {
+        return false;
+    };
+    let wanted = |c: &PersistentVolumeClaim| c.spec.clone();
+    let differs = spec
+        .volume_claim_templates
+        .as_ref()
+        .is_some_and(|d| d.iter().map(wanted).ne(live.iter().map(wanted)));
+    spec.volume_claim_templates = Some(live);
+    differs
+}
+
 /// The data-plane container: `topk <command> --config /etc/topk/metric.json [identity]`,
 /// non-root with a read-only root filesystem and the rendered config mounted. Everything else
 /// it runs by is in that config.
-fn container(command: &str, extra_args: &[String], settings: &Settings) -> Container {
+fn container(
+    command: &str,
+    extra_args: &[String],
+    settings: &Settings,
+    resources: ResourceRequirements,
+) -> Container {
     let mut args = vec![
         command.to_owned(),
         "--config".to_owned(),
@@ -460,13 +540,7 @@ fn container(command: &str, extra_args: &[String], settings: &Settings) -> Conta
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
         ]),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_owned(), Quantity("100m".to_owned())),
-                ("memory".to_owned(), Quantity("256Mi".to_owned())),
-            ])),
-            ..Default::default()
-        }),
+        resources: Some(resources),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -511,6 +585,10 @@ fn pod_spec(
             run_as_non_root: Some(true),
             run_as_user: Some(DATA_PLANE_UID),
             fs_group: Some(DATA_PLANE_UID),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
             ..Default::default()
         }),
         containers: vec![container],
@@ -587,6 +665,7 @@ pub fn recount_job(
         "recount",
         &["--hour".to_owned(), start.to_string()],
         settings,
+        default_resources(RECOUNT_RESOURCES),
     );
     // The root filesystem is read-only: counts beyond memory spill to a scratch volume.
     container

@@ -288,7 +288,18 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
             ),
         ));
     }
-    let objects = builders::desired(metric, &rollout, settings)?;
+    let mut objects = builders::desired(metric, &rollout, settings)?;
+    for (desired, live) in [
+        (&mut objects.worker, o.worker.as_ref()),
+        (&mut objects.reducer, o.reducer.as_ref()),
+    ] {
+        if builders::keep_claim_templates(desired, live) {
+            warnings.push(format!(
+                "{}: a StatefulSet's volumes cannot change once created; the new storage applies to a new metric",
+                desired.metadata.name.clone().unwrap_or_default()
+            ));
+        }
+    }
 
     status.rescale = step.phase.map(|phase| {
         let same = previous

@@ -306,3 +306,133 @@ fn recount_jobs_mount_the_config_that_carries_the_metrics_recount_settings() {
     assert_eq!(recount.grace.as_millis(), 900_000);
     assert_eq!(recount.max_in_memory, 20_000);
 }
+
+#[test]
+fn pods_are_sized_stored_and_confined_as_the_spec_says() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use topk_operator::builders::keep_claim_templates;
+
+    let build = |metric: &TopKMetric| {
+        desired(
+            metric,
+            &Rollout::settled(metric, plan(metric.spec.shards, None, 3)),
+            &Settings::default(),
+        )
+        .expect("desired")
+    };
+    let quantity = |q: &Option<std::collections::BTreeMap<String, Quantity>>, key: &str| {
+        q.as_ref().and_then(|m| m.get(key)).map(|q| q.0.clone())
+    };
+    let base = fixture();
+    let d = build(&base);
+    for sts in [&d.worker, &d.reducer] {
+        let spec = sts.spec.as_ref().unwrap();
+        let pod = spec.template.spec.as_ref().unwrap();
+        let seccomp = pod
+            .security_context
+            .as_ref()
+            .unwrap()
+            .seccomp_profile
+            .as_ref();
+        assert_eq!(seccomp.map(|s| s.type_.as_str()), Some("RuntimeDefault"));
+        let retention = spec
+            .persistent_volume_claim_retention_policy
+            .as_ref()
+            .unwrap();
+        assert_eq!(retention.when_deleted.as_deref(), Some("Delete"));
+        assert_eq!(retention.when_scaled.as_deref(), Some("Delete"));
+        let resources = pod.containers[0].resources.as_ref().unwrap();
+        assert!(
+            quantity(&resources.limits, "memory").is_some(),
+            "a memory limit"
+        );
+    }
+    let worker_resources = |d: &topk_operator::builders::Desired| {
+        d.worker
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .resources
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(
+        quantity(&worker_resources(&d).requests, "cpu").as_deref(),
+        Some("500m")
+    );
+
+    let mut sized = base.clone();
+    let workers = sized.spec.workers.as_mut().unwrap();
+    workers.resources = Some(
+        serde_json::from_value(serde_json::json!({
+            "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}
+        }))
+        .unwrap(),
+    );
+    workers.storage = Some(
+        serde_json::from_value(serde_json::json!({
+            "size": "20Gi", "storageClassName": "fast-ssd"
+        }))
+        .unwrap(),
+    );
+    sized.spec.volume_retention = Some(
+        serde_json::from_value(serde_json::json!({
+            "whenDeleted": "Retain", "whenScaled": "Delete"
+        }))
+        .unwrap(),
+    );
+    let s = build(&sized);
+    let resources = worker_resources(&s);
+    assert_eq!(
+        quantity(&resources.requests, "memory").as_deref(),
+        Some("4Gi")
+    );
+    assert_eq!(
+        quantity(&resources.limits, "memory").as_deref(),
+        Some("8Gi")
+    );
+    let claim = |sts: &k8s_openapi::api::apps::v1::StatefulSet| {
+        sts.spec
+            .as_ref()
+            .unwrap()
+            .volume_claim_templates
+            .as_ref()
+            .unwrap()[0]
+            .spec
+            .clone()
+            .unwrap()
+    };
+    let worker_claim = claim(&s.worker);
+    assert_eq!(worker_claim.storage_class_name.as_deref(), Some("fast-ssd"));
+    assert_eq!(
+        quantity(&worker_claim.resources.unwrap().requests, "storage").as_deref(),
+        Some("20Gi")
+    );
+    assert_eq!(
+        claim(&s.reducer).storage_class_name,
+        None,
+        "reducers keep the default"
+    );
+    let retention = s
+        .worker
+        .spec
+        .as_ref()
+        .unwrap()
+        .persistent_volume_claim_retention_policy
+        .clone();
+    assert_eq!(retention.unwrap().when_deleted.as_deref(), Some("Retain"));
+
+    // Claim templates cannot change on a live StatefulSet: the live ones are kept and the
+    // difference reported.
+    let mut resized = s.worker.clone();
+    assert!(keep_claim_templates(&mut resized, Some(&d.worker)));
+    assert_eq!(claim(&resized), claim(&d.worker));
+    let mut same = d.worker.clone();
+    assert!(!keep_claim_templates(&mut same, Some(&d.worker)));
+    assert!(!keep_claim_templates(&mut same, None));
+}
