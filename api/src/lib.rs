@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod names;
 pub mod record;
 pub mod report;
+pub mod rollback;
 pub mod topics;
 
 pub use dataplane::{CONFIG_KEY, Component, DataPlaneConfig, DenyList};

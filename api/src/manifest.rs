@@ -480,6 +480,10 @@ pub struct TopKMetricStatus {
     /// restarted operator keeps its deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rescale: Option<RescaleStatus>,
+    /// The newest `topk.io/rollback` request the first reducer replica handled, and what
+    /// became of it (written by the reducer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rollback: Option<crate::rollback::RollbackStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

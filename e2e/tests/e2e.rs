@@ -712,6 +712,46 @@ async fn a_takedown_leaves_the_lists_live_and_lifting_it_brings_the_key_back() {
         .pod_metric(ns, &reducer, 8080, "topk_reducer_denied_keys")
         .await;
     assert_eq!(denied, Some(0.0), "keys denied after the lift");
+
+    // A rollback through the API: the reducer pod watches its metric, points the list back
+    // and reports in the status (the plugin waits for it) and an Event.
+    let current = cluster.list(ns, "plays", "all").await.expect("the list");
+    let back = current["version"].as_u64().expect("a version") - 1;
+    let answer = kubectl(&[
+        "topk",
+        "rollback",
+        "plays",
+        "-n",
+        ns,
+        "--window",
+        "all",
+        "--version",
+        &back.to_string(),
+    ]);
+    assert!(
+        answer.contains(&format!("points at version {back}")),
+        "{answer}"
+    );
+    let rollbacks = cluster
+        .pod_metric(
+            ns,
+            &reducer,
+            8080,
+            "topk_reducer_rollbacks_total{result=\"applied\"}",
+        )
+        .await;
+    assert_eq!(rollbacks, Some(1.0));
+    let events = kubectl(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        ns,
+        "--field-selector",
+        "reason=RolledBack",
+        "-o",
+        "name",
+    ]);
+    assert!(!events.trim().is_empty(), "no RolledBack Event");
 }
 
 #[tokio::test]

@@ -2,21 +2,26 @@
 //!
 //!   kubectl topk get NAME [--window W] [--scope S] [-k N] [-n NS] [-o table|json]
 //!   kubectl topk status NAME [-n NS]
+//!   kubectl topk rollback NAME --window W [--scope S] --version V [-n NS]
 //!
 //! `get` reads a list from the metric's reducer through the API server's service proxy (no
 //! port-forward, the caller's RBAC applies: `get` on `services/proxy`); `status` shows the
-//! TopKMetric's conditions, shard owners and epochs, lag and exactness.
+//! TopKMetric's conditions, shard owners and epochs, lag and exactness; `rollback` writes a
+//! request into the TopKMetric's `topk.io/rollback` annotation (the caller needs `patch` on
+//! `topkmetrics`) and waits for the reducers' answer in its status.
 
 use std::fmt::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::Value;
 use topk_api::TopKMetric;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 use topk_api::names::Names;
+use topk_api::rollback::{ROLLBACK_ANNOTATION, RollbackRequest, RollbackResult};
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +33,12 @@ struct Cli {
     /// Namespace of the TopKMetric (default: the kubeconfig context's).
     #[arg(short = 'n', long, global = true)]
     namespace: Option<String>,
+    /// Act as this user (as kubectl's `--as`: the caller needs `impersonate`).
+    #[arg(long = "as", global = true)]
+    as_user: Option<String>,
+    /// Act as a member of this group (repeatable).
+    #[arg(long = "as-group", global = true)]
+    as_groups: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -52,6 +63,21 @@ enum Command {
     },
     /// Conditions, shard owners and epochs, lag and exactness of a TopKMetric.
     Status { name: String },
+    /// Point a list back at a stored version until its next publication.
+    Rollback {
+        name: String,
+        #[arg(long)]
+        window: String,
+        /// Scope (default: the global list).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// The version to serve (see `kubectl topk get`).
+        #[arg(long)]
+        version: u64,
+        /// How long to wait for the reducers' answer.
+        #[arg(long, default_value = "30s", value_parser = topk_api::Duration::parse)]
+        timeout: topk_api::Duration,
+    },
 }
 
 #[tokio::main]
@@ -70,15 +96,25 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<String, String> {
-    let client = Client::try_default()
+    let unreachable = |e: String| format!("cannot reach the Kubernetes API: {e}");
+    let mut config = kube::Config::infer()
         .await
-        .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+        .map_err(|e| unreachable(e.to_string()))?;
+    if cli.as_user.is_some() {
+        config.auth_info.impersonate = cli.as_user.clone();
+    }
+    if !cli.as_groups.is_empty() {
+        config.auth_info.impersonate_groups = Some(cli.as_groups.clone());
+    }
+    let client = Client::try_from(config).map_err(|e| unreachable(e.to_string()))?;
     let ns = cli
         .namespace
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
     let name = match &cli.command {
-        Command::Get { name, .. } | Command::Status { name } => name.clone(),
+        Command::Get { name, .. } | Command::Status { name } | Command::Rollback { name, .. } => {
+            name.clone()
+        }
     };
     let metric = metrics
         .get_opt(&name)
@@ -146,7 +182,59 @@ async fn run(cli: Cli) -> Result<String, String> {
                 .and_then(|text| serde_json::from_str::<AssignmentTable>(&text).ok());
             Ok(render_status(&metric, table.as_ref()))
         }
+        Command::Rollback {
+            window,
+            scope,
+            version,
+            timeout,
+            ..
+        } => {
+            let request = RollbackRequest::new(window, scope, version, now_ms());
+            let text = serde_json::to_string(&request).map_err(|e| e.to_string())?;
+            let windows: Vec<String> = metric.spec.windows.iter().map(|w| w.name.clone()).collect();
+            RollbackRequest::judge(&text, &windows, now_ms()).map_err(|(_, message)| message)?;
+            let patch =
+                serde_json::json!({"metadata": {"annotations": {ROLLBACK_ANNOTATION: text}}});
+            metrics
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| format!("cannot request the rollback of {ns}/{name}: {e}"))?;
+            let deadline = std::time::Instant::now() + topk_api::dataplane::std_duration(timeout);
+            loop {
+                let answered = metrics
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|m| m.status?.last_rollback)
+                    .filter(|r| r.requested_at.as_deref() == Some(&request.requested_at));
+                match answered {
+                    Some(status) if status.result == RollbackResult::Applied => {
+                        return Ok(format!("{}\n", status.message));
+                    }
+                    Some(status) => {
+                        return Err(format!(
+                            "the reducers refused the rollback ({:?}): {}",
+                            status.result, status.message
+                        ));
+                    }
+                    None if std::time::Instant::now() >= deadline => {
+                        return Err(format!(
+                            "requested; no reducer answered within {timeout} (are they running? \
+                             `kubectl topk status {name} -n {ns}` shows the answer when it comes)"
+                        ));
+                    }
+                    None => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+                }
+            }
+        }
     }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A non-2xx answer: the reducer's own `{"error": ...}` (bad window, unknown scope), or the
@@ -305,6 +393,16 @@ fn render_status(metric: &TopKMetric, table: Option<&AssignmentTable>) -> String
             out,
             "\nGRADING (hour {})\n  recall@k {:.3}  over-count {} (bound {})  rank displacement {}",
             g.hour, g.recall_at_k, g.max_overcount, g.overcount_bound, g.max_rank_displacement
+        );
+    }
+    if let Some(r) = &status.last_rollback {
+        let _ = writeln!(
+            out,
+            "\nLAST ROLLBACK (requested {}, handled {})\n  {:?}: {}",
+            r.requested_at.as_deref().unwrap_or("-"),
+            r.handled_at,
+            r.result,
+            r.message
         );
     }
     out

@@ -1,17 +1,22 @@
 //! The `kubectl-topk` plugin against the test environment's apiserver: `status` shows the
 //! conditions, shard owners and epochs, lag, exactness and grading of a TopKMetric; `get`
 //! reads a list through the apiserver's service proxy from the reducers' query API behind the
-//! metric's reducer Service, and prints it as a table.
+//! metric's reducer Service, and prints it as a table; `rollback` needs `patch` on the
+//! TopKMetric (checked by impersonation) and a reducer acts on it once.
 
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Pod, Service};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
+use topk_api::rollback::{ROLLBACK_ANNOTATION, RollbackResult};
 use topk_api::{RankingRecord, TopKMetric};
 use topk_query::{Served, query_router};
+use topk_reducer::rollback::{RollbackTarget, handle, watch_requests};
+use topk_reducer::store::Meta;
 use topk_testenv::{TestEnv, await_some, install_crd};
 
 const MANIFEST: &str = r#"
@@ -55,22 +60,32 @@ fn plugin(env: &TestEnv, args: &[&str]) -> (bool, String, String) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_and_get_through_the_service_proxy() {
-    let Some(env) = TestEnv::get("kubectl plugin") else {
-        return;
-    };
+/// The test environment with the CRD, a fresh namespace and metric `plays` in it; `None`
+/// (the test skips) without a test environment.
+async fn with_metric(
+    what: &str,
+    prefix: &str,
+) -> Option<(TestEnv, kube::Client, String, Api<TopKMetric>, TopKMetric)> {
+    let env = TestEnv::get(what)?;
     let client = env.kube_client().await.expect("client");
     install_crd(&client, &topk_api::crd::crd())
         .await
         .expect("CRD");
-    let ns = env.namespace(&client, "plugin").await.expect("namespace");
+    let ns = env.namespace(&client, prefix).await.expect("namespace");
     let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
     let metric = topk_api::load_manifest(MANIFEST).expect("manifest");
     metrics
         .create(&PostParams::default(), &metric)
         .await
         .expect("create");
+    Some((env, client, ns, metrics, metric))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_get_through_the_service_proxy() {
+    let Some((env, client, ns, metrics, _)) = with_metric("kubectl plugin", "plugin").await else {
+        return;
+    };
     let status = serde_json::json!({"status": {
         "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
             "message": "2 workers and 1 reducers ready", "lastTransitionTime": "2026-11-30T10:00:00Z"}],
@@ -224,4 +239,215 @@ async fn status_and_get_through_the_service_proxy() {
         "{err}"
     );
     assert!(err.contains("9h"), "{err}");
+}
+
+/// A list of metric plays, window 1m, with `leader` on top.
+fn version(version: u64, leader: &str) -> RankingRecord {
+    serde_json::from_value(serde_json::json!({
+        "metric": "plays", "scope": "", "window": "1m",
+        "windowStart": "2026-09-01T19:00:00Z", "windowEnd": "2026-09-01T19:01:00Z",
+        "items": [{"rank": 1, "key": leader, "count": 5}],
+        "mode": "exact", "maxOvercount": 0, "watermark": "2026-09-01T19:01:00Z",
+        "asOf": "2026-09-01T19:01:01Z", "version": version,
+    }))
+    .expect("a ranking record")
+}
+
+/// A Role with `verbs` on the namespace's TopKMetrics, bound to user `user`.
+async fn grant(client: &kube::Client, ns: &str, user: &str, verbs: &[&str]) {
+    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": user},
+        "rules": [{"apiGroups": ["topk.io"], "resources": ["topkmetrics"], "verbs": verbs}],
+    }))
+    .expect("Role");
+    roles
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("Role");
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .expect("RoleBinding");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("RoleBinding");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_needs_patch_on_the_metric_and_a_reducer_acts_on_it_once() {
+    let Some((env, client, ns, metrics, metric)) =
+        with_metric("kubectl topk rollback", "rollback").await
+    else {
+        return;
+    };
+
+    // A reducer's store with three versions of the 1m list, the newest served, and its
+    // request watch on the metric (as the first replica runs it: it reports).
+    let state = tempfile::tempdir().expect("temp dir");
+    let config = topk_api::DataPlaneConfig::from_metric(&metric).expect("config");
+    let mut settings = topk_reducer::settings(
+        &config,
+        topk_api::kafka::KafkaProperties::plaintext("127.0.0.1:9"),
+    );
+    settings.state_dir = state.path().to_owned();
+    let shared = topk_reducer::reducer::open_shared(&settings).expect("store");
+    for v in 1..=3 {
+        let list = [version(v, &format!("leader-{v}"))];
+        shared.store.write_versions(&list).expect("versions");
+        shared.store.point(&list, &Meta::default()).expect("point");
+        shared.served.put(list);
+    }
+    let served_version = || {
+        shared
+            .served
+            .all()
+            .iter()
+            .find(|e| e.record.window == "1m")
+            .map(|e| e.record.version)
+    };
+    assert_eq!(served_version(), Some(3));
+    let watch = tokio::spawn(watch_requests(
+        shared.clone(),
+        RollbackTarget {
+            client: client.clone(),
+            namespace: ns.clone(),
+            name: "plays".into(),
+            report: true,
+        },
+    ));
+
+    // Reading the metric is not enough to roll it back.
+    grant(&client, &ns, "viewer", &["get", "list", "watch"]).await;
+    grant(&client, &ns, "operator-on-call", &["get", "patch"]).await;
+    let rollback = |user: &str, version: &str| {
+        plugin(
+            &env,
+            &[
+                "rollback",
+                "plays",
+                "-n",
+                &ns,
+                "--window",
+                "1m",
+                "--version",
+                version,
+                "--as",
+                user,
+                "--timeout",
+                "30s",
+            ],
+        )
+    };
+    let (ok, _, err) = rollback("viewer", "2");
+    assert!(!ok, "a viewer rolled back");
+    assert!(
+        err.contains("cannot request the rollback") && err.contains("forbidden"),
+        "{err}"
+    );
+    let annotated = metrics.get("plays").await.expect("metric");
+    assert!(
+        !annotated
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(ROLLBACK_ANNOTATION),
+        "the refused request left an annotation"
+    );
+    assert_eq!(served_version(), Some(3));
+
+    // With `patch`, the request reaches the reducer, which answers in the status.
+    let (ok, out, err) = rollback("operator-on-call", "2");
+    assert!(ok, "{err}");
+    assert!(out.contains("points at version 2"), "{out}");
+    assert_eq!(served_version(), Some(2));
+    assert_eq!(
+        shared
+            .store
+            .latest_of("1m", "")
+            .expect("store")
+            .map(|r| r.version),
+        Some(2)
+    );
+    let status = metrics
+        .get("plays")
+        .await
+        .expect("metric")
+        .status
+        .and_then(|s| s.last_rollback)
+        .expect("status.lastRollback");
+    assert_eq!(status.result, RollbackResult::Applied);
+    assert_eq!(status.version, Some(2));
+    assert!(
+        shared
+            .metrics
+            .encode()
+            .contains("topk_reducer_rollbacks_total{result=\"applied\"} 1"),
+        "{}",
+        shared.metrics.encode()
+    );
+    let (ok, out, _) = plugin(&env, &["status", "plays", "-n", &ns]);
+    assert!(ok);
+    assert!(
+        out.contains("LAST ROLLBACK") && out.contains("Applied"),
+        "{out}"
+    );
+
+    // A newer publication moves the pointer on; the same request, seen again (a restart,
+    // another change of the object), does not roll it back again.
+    let list = [version(4, "leader-4")];
+    shared.store.write_versions(&list).expect("versions");
+    shared.store.point(&list, &Meta::default()).expect("point");
+    shared.served.put(list);
+    let text = metrics
+        .get("plays")
+        .await
+        .expect("metric")
+        .metadata
+        .annotations
+        .and_then(|a| a.get(ROLLBACK_ANNOTATION).cloned())
+        .expect("the request annotation");
+    assert_eq!(handle(&shared, &text, now_ms()).expect("handle"), None);
+    let relabel = serde_json::json!({"metadata": {"labels": {"team": "ranking"}}});
+    metrics
+        .patch("plays", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .expect("label");
+
+    // A version retention removed, and a window the metric does not have, are refused with
+    // the reason. The watch sees events in order: once it answered this request, it had
+    // seen the relabelled object, and the list still points at version 4.
+    let (ok, _, err) = rollback("operator-on-call", "99");
+    assert!(!ok);
+    assert!(
+        err.contains("refused the rollback (NoSuchVersion)") && err.contains("no version 99"),
+        "{err}"
+    );
+    assert_eq!(served_version(), Some(4));
+    let (ok, _, err) = plugin(
+        &env,
+        &[
+            "rollback",
+            "plays",
+            "-n",
+            &ns,
+            "--window",
+            "9h",
+            "--version",
+            "1",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("unknown window \"9h\""), "{err}");
+    watch.abort();
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

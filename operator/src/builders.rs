@@ -183,11 +183,13 @@ fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// A Role rule; no `names` means every object of the resource (`create` cannot be limited
+/// by name).
 fn rule(api_group: &str, resource: &str, names: Vec<String>, verbs: &[&str]) -> PolicyRule {
     PolicyRule {
         api_groups: Some(vec![api_group.to_owned()]),
         resources: Some(vec![resource.to_owned()]),
-        resource_names: Some(names),
+        resource_names: (!names.is_empty()).then_some(names),
         verbs: strings(verbs),
         non_resource_urls: None,
     }
@@ -230,8 +232,9 @@ pub fn desired(
             metadata: data_plane.clone(),
             ..Default::default()
         },
-        // Least privilege: read its own config, assignment and deny-list ConfigMap, report
-        // released shards and ranking status.
+        // Least privilege: read its own config, assignment and deny-list ConfigMap and its
+        // TopKMetric (rollback requests), report released shards, ranking status and
+        // rollback Events.
         role: Role {
             metadata: data_plane.clone(),
             rules: Some(vec![
@@ -259,6 +262,7 @@ pub fn desired(
                     vec![metric.name_any()],
                     &["get", "patch"],
                 ),
+                rule("events.k8s.io", "events", Vec::new(), &["create", "patch"]),
             ]),
         },
         role_binding: RoleBinding {

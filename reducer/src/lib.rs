@@ -8,21 +8,20 @@ pub mod exact;
 pub mod hours;
 pub mod metrics;
 pub mod reducer;
+pub mod rollback;
 pub mod state;
 pub mod status;
 pub mod store;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use serde_json::json;
 use tokio::sync::watch;
 use topk_api::DataPlaneConfig;
@@ -59,7 +58,8 @@ pub fn settings(config: &DataPlaneConfig, kafka: KafkaProperties) -> ReducerSett
     }
 }
 
-/// The query API plus `/metrics`, `/healthz`, `/readyz` and `POST /admin/rollback`.
+/// The query API plus `/metrics`, `/healthz` and `/readyz`: read-only (rollback requests
+/// come through the Kubernetes API, see `rollback`).
 pub fn router(shared: Arc<Shared>) -> Router {
     let (metrics, ready) = (shared.clone(), shared.clone());
     let probes = topk_runtime::probes::router(topk_runtime::probes::Probes {
@@ -68,7 +68,6 @@ pub fn router(shared: Arc<Shared>) -> Router {
         waiting: "opening the ranking store",
     });
     Router::new()
-        .route("/admin/rollback", post(rollback))
         .route("/v1/grades", get(grades))
         .with_state(shared.clone())
         .merge(query_router(shared.served.clone()))
@@ -85,51 +84,6 @@ async fn grades(State(shared): State<Arc<Shared>>) -> Response {
         .cloned()
         .collect();
     axum::Json(json!({ "grades": grades })).into_response()
-}
-
-/// `POST /admin/rollback?window=W&scope=S&version=V`: points the list back at a stored
-/// version. The next publication of that list moves the pointer on again.
-async fn rollback(
-    State(shared): State<Arc<Shared>>,
-    Query(params): Query<HashMap<String, String>>,
-) -> Response {
-    let bad = |message: String| {
-        (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": message})),
-        )
-            .into_response()
-    };
-    let Some(window) = params.get("window") else {
-        return bad("window is required".into());
-    };
-    if !shared.served.windows().contains(window) {
-        return bad(format!(
-            "unknown window {window:?}; choose one of {:?}",
-            shared.served.windows()
-        ));
-    }
-    let scope = params.get("scope").map_or("", String::as_str);
-    let Some(Ok(version)) = params.get("version").map(|v| v.parse::<u64>()) else {
-        return bad("version must be a positive integer".into());
-    };
-    match shared.store.rollback(window, scope, version) {
-        Ok(record) => {
-            tracing::warn!(window, scope, version, "list pointer rolled back");
-            shared.served.put([record.clone()]);
-            axum::Json(record).into_response()
-        }
-        Err(err @ Error::NoSuchVersion { .. }) => (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"error": err.to_string()})),
-        )
-            .into_response(),
-        Err(err) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            axum::Json(json!({"error": err.to_string()})),
-        )
-            .into_response(),
-    }
 }
 
 /// Where the status summary goes: a TopKMetric through the API (only one reducer replica
@@ -201,6 +155,15 @@ pub async fn run(
             ));
         }
         ControlPlane::Kubernetes { client, namespace } => {
+            tokio::spawn(rollback::watch_requests(
+                shared.clone(),
+                rollback::RollbackTarget {
+                    client: client.clone(),
+                    namespace: namespace.clone(),
+                    name: settings.name.clone(),
+                    report: status.is_some(),
+                },
+            ));
             tokio::spawn(topk_runtime::control::watch_configmap(
                 client.clone(),
                 namespace.clone(),

@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use topk_api::rollback::RollbackResult;
 use topk_query::CodeLabel;
 
 use crate::state::Outcome;
@@ -15,6 +16,11 @@ use crate::state::Outcome;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -54,6 +60,7 @@ pub struct ReducerMetrics {
     pub grade_bound_violations: Counter,
     pub denied_keys: Gauge,
     pub corrupt_store: Counter,
+    pub rollbacks: Family<ResultLabel, Counter>,
 }
 
 impl Default for ReducerMetrics {
@@ -84,11 +91,17 @@ impl Default for ReducerMetrics {
             grade_bound_violations: Counter::default(),
             denied_keys: Gauge::default(),
             corrupt_store: Counter::default(),
+            rollbacks: Family::default(),
             registry: Registry::default(),
         };
         for outcome in Outcome::ALL {
             let _ = m.summaries.get_or_create(&OutcomeLabel {
                 outcome: outcome.as_str(),
+            });
+        }
+        for result in RollbackResult::ALL {
+            let _ = m.rollbacks.get_or_create(&ResultLabel {
+                result: result.as_str(),
             });
         }
         let r = &mut registry;
@@ -212,6 +225,11 @@ impl Default for ReducerMetrics {
             "Graded hours whose streaming list exceeded its over-count bound",
             m.grade_bound_violations.clone(),
         );
+        r.register(
+            "rollbacks",
+            "topk.io/rollback requests handled, by result",
+            m.rollbacks.clone(),
+        );
         Self { registry, ..m }
     }
 }
@@ -221,6 +239,14 @@ impl ReducerMetrics {
         self.summaries
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    pub fn rollback(&self, result: RollbackResult) {
+        self.rollbacks
+            .get_or_create(&ResultLabel {
+                result: result.as_str(),
             })
             .inc();
     }

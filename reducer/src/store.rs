@@ -25,6 +25,8 @@ const META: u8 = b'm';
 const RESUME_KEY: &str = "resume-offset";
 /// Versions of a store rebuilt after corruption start above this (see [`RankingStore::rebuilt`]).
 const VERSION_FLOOR_KEY: &str = "version-floor";
+/// The text of the newest rollback request handled, so that a restart does not act again.
+const ROLLBACK_KEY: &str = "rollback-request";
 
 /// Reducer bookkeeping written with the pointers it belongs to.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -287,12 +289,14 @@ impl RankingStore {
         Ok(true)
     }
 
-    /// Points a list back (or forward) at a stored version and returns that version.
+    /// Points a list back (or forward) at a stored version and returns that version,
+    /// recording `request` as handled in the same write. A missing version changes nothing.
     pub fn rollback(
         &self,
         window: &str,
         scope: &str,
         version: u64,
+        request: &str,
     ) -> Result<RankingRecord, Error> {
         let record = self
             .get(window, scope, version)?
@@ -301,12 +305,26 @@ impl RankingStore {
                 scope: scope.to_owned(),
                 version,
             })?;
-        self.db.put_opt(
-            self.list_key(POINTER, window, scope),
-            version.to_be_bytes(),
-            &sync(),
-        )?;
+        let mut batch = WriteBatch::default();
+        batch.put(self.list_key(POINTER, window, scope), version.to_be_bytes());
+        batch.put(Self::meta_key(ROLLBACK_KEY), request.as_bytes());
+        self.db.write_opt(batch, &sync())?;
         Ok(record)
+    }
+
+    /// Records `request` as handled without acting on it (it was refused).
+    pub fn mark_rollback_handled(&self, request: &str) -> Result<(), Error> {
+        self.db
+            .put_opt(Self::meta_key(ROLLBACK_KEY), request.as_bytes(), &sync())?;
+        Ok(())
+    }
+
+    /// The text of the newest rollback request handled, if any.
+    pub fn handled_rollback(&self) -> Result<Option<String>, Error> {
+        Ok(self
+            .db
+            .get(Self::meta_key(ROLLBACK_KEY))?
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
     }
 
     /// Deletes the versions of one list beyond the newest `keep` and those published before

@@ -99,12 +99,17 @@ fn rollback_moves_the_pointer_to_a_stored_version_only() {
         store.write_versions(&r).unwrap();
         store.point(&r, &Meta::default()).unwrap();
     }
-    let back = store.rollback("1h", "", 2).unwrap();
+    assert_eq!(store.handled_rollback().unwrap(), None);
+    let back = store.rollback("1h", "", 2, "first").unwrap();
     assert_eq!(back.items[0].key, "leader-2");
     assert_eq!(store.latest_of("1h", "").unwrap().unwrap().version, 2);
-    let missing = store.rollback("1h", "", 9).unwrap_err();
+    assert_eq!(store.handled_rollback().unwrap().as_deref(), Some("first"));
+    let missing = store.rollback("1h", "", 9, "second").unwrap_err();
     assert!(missing.to_string().contains("no version 9"), "{missing}");
     assert_eq!(store.latest_of("1h", "").unwrap().unwrap().version, 2);
+    assert_eq!(store.handled_rollback().unwrap().as_deref(), Some("first"));
+    store.mark_rollback_handled("second").unwrap();
+    assert_eq!(store.handled_rollback().unwrap().as_deref(), Some("second"));
 }
 
 #[test]
