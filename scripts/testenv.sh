@@ -25,6 +25,10 @@ KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ROO
 BIN="$CACHE/testenv/bin"
 KUBE_BIN="$BIN/kubernetes-$KUBE_VERSION"
 HELM_BIN="$BIN/helm-$HELM_VERSION"
+# The Prometheus operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), for the chart's
+# monitoring objects to be checked against the real schemas.
+PROMETHEUS_OPERATOR_VERSION="$(cat "$ROOT/tools/prometheus-operator/VERSION")"
+MONITORING_CRDS="$BIN/monitoring-crds-$PROMETHEUS_OPERATOR_VERSION"
 COREDNS_VERSION="$(cat "$ROOT/tools/coredns/VERSION")"
 COREDNS_BIN="$BIN/coredns-$COREDNS_VERSION"
 # The provisioner is the repo's own: its build is named by its source's hash.
@@ -102,11 +106,27 @@ install_helm() {
   rm -rf "$HELM_BIN" && mv "$HELM_BIN.tmp" "$HELM_BIN"
 }
 
+install_monitoring_crds() {
+  if [[ -f "$MONITORING_CRDS/monitoring.coreos.com_prometheusrules.yaml" ]]; then return; fi
+  need go "the Prometheus operator's CRDs come from its Go module"
+  log "fetching the Prometheus operator's CRDs ($PROMETHEUS_OPERATOR_VERSION)"
+  local module dir
+  module="github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION"
+  mkdir -p "$BIN"
+  dir="$(cd "$BIN" && go mod download -json "$module" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  mkdir -p "$MONITORING_CRDS.tmp"
+  for kind in servicemonitors podmonitors prometheusrules; do
+    cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$MONITORING_CRDS.tmp/"
+  done
+  rm -rf "$MONITORING_CRDS" && mv "$MONITORING_CRDS.tmp" "$MONITORING_CRDS"
+}
+
 cmd_install() {
   install_node_packages
   install_kafka
   install_kube
   install_helm
+  install_monitoring_crds
   install_node_tools
   log "installed: kafka $KAFKA_VERSION, kubernetes $KUBE_VERSION, helm $HELM_VERSION"
 }
@@ -361,6 +381,7 @@ export TOPK_KAFKA_SASL_USER=topk
 export TOPK_KUBECONFIG=$RUN/kubeconfig
 export TOPK_KUBE_VERSION=$KUBE_VERSION
 export TOPK_HELM=$HELM_BIN/helm
+export TOPK_MONITORING_CRDS=$MONITORING_CRDS
 export TOPK_ETCD=http://127.0.0.1:$etcd_port
 EOF
   if [[ -n "$node_ip" ]]; then

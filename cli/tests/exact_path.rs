@@ -272,4 +272,19 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
         "{metrics}"
     );
     assert!(metrics.contains("topk_reducer_grade_bound_violations_total 1"));
+    // The newest recount's figures, as its Job reported them (its termination message).
+    let last: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("termination-log")).expect("termination log"),
+    )
+    .expect("the last recount's manifest");
+    for (series, value) in [
+        ("hour_seconds", Value::from((first_hour + 2 * HOUR) / 1000)),
+        ("events_read", last["eventsRead"].clone()),
+        ("counted", last["counted"].clone()),
+        ("duplicates", last["duplicates"].clone()),
+        ("keys", last["keys"].clone()),
+    ] {
+        let line = format!("topk_reducer_recount_{series} {value}\n");
+        assert!(metrics.contains(&line), "no {line:?} in {metrics}");
+    }
 }

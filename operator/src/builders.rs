@@ -51,6 +51,8 @@ pub struct Settings {
     pub recount_pod_retries: u32,
     /// A recount Job running longer than this is failed (and retried by the operator).
     pub recount_deadline: Duration,
+    /// The namespaces whose TopKMetrics this operator reconciles; empty: every namespace.
+    pub watch_namespaces: Vec<String>,
 }
 
 impl Default for Settings {
@@ -63,6 +65,7 @@ impl Default for Settings {
             recount_ttl: Duration::from_secs(24 * 3600),
             recount_pod_retries: 2,
             recount_deadline: Duration::from_secs(3600),
+            watch_namespaces: Vec::new(),
         }
     }
 }

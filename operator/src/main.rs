@@ -42,6 +42,10 @@ struct Args {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "topk-operator")]
     lease_name: String,
+    /// Reconcile TopKMetrics only in these namespaces (comma-separated); the operator then
+    /// needs Roles in them only. Empty: every namespace (a ClusterRole).
+    #[arg(long, env = "TOPK_WATCH_NAMESPACES", value_delimiter = ',')]
+    watch_namespaces: Vec<String>,
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME", default_value = "topk-operator")]
     identity: String,
@@ -67,6 +71,12 @@ async fn main() -> std::process::ExitCode {
         drain: Duration::from_secs(args.drain_seconds),
         rescale_deadline: Duration::from_secs(args.rescale_deadline_seconds),
         recount_ttl: Duration::from_secs(args.recount_ttl_seconds),
+        watch_namespaces: args
+            .watch_namespaces
+            .iter()
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty())
+            .collect(),
         ..Settings::default()
     };
     if let Some(image) = args.image {
@@ -92,7 +102,12 @@ async fn main() -> std::process::ExitCode {
             tracing::error!(%err, "metrics server stopped");
         }
     });
-    tracing::info!("topk-operator started");
+    let watched = &ctx.settings.watch_namespaces;
+    if watched.is_empty() {
+        tracing::info!("topk-operator started, watching every namespace");
+    } else {
+        tracing::info!(namespaces = %watched.join(","), "topk-operator started, namespaced");
+    }
     let controller = async {
         match args.lease_namespace {
             Some(ns) => {

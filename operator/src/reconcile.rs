@@ -102,29 +102,46 @@ async fn event(ctx: &Context, metric: &TopKMetric, note: &Note) {
     }
 }
 
-/// Runs the controller until the process stops.
+/// Runs the controller until the process stops: one over every namespace, or one per
+/// watched namespace (`Settings::watch_namespaces`), which is all a namespaced operator's
+/// Roles allow it to list and watch.
 pub async fn run(ctx: Arc<Context>) {
-    let client = ctx.client.clone();
-    Controller::new(
-        Api::<TopKMetric>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Job>::all(client), watcher::Config::default())
-    .run(reconcile, error_policy, ctx)
-    .for_each(|result| async move {
-        if let Err(err) = result {
-            tracing::warn!(%err, "reconcile failed");
+    let namespaces = ctx.settings.watch_namespaces.clone();
+    if namespaces.is_empty() {
+        run_in(ctx, None).await;
+    } else {
+        futures::future::join_all(
+            namespaces
+                .into_iter()
+                .map(|ns| run_in(ctx.clone(), Some(ns))),
+        )
+        .await;
+    }
+}
+
+async fn run_in(ctx: Arc<Context>, namespace: Option<String>) {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
         }
-    })
-    .await;
+    }
+    let (client, ns) = (&ctx.client, namespace.as_deref());
+    Controller::new(api::<TopKMetric>(client, ns), watcher::Config::default())
+        .owns(api::<StatefulSet>(client, ns), watcher::Config::default())
+        .owns(api::<ConfigMap>(client, ns), watcher::Config::default())
+        .owns(api::<Job>(client, ns), watcher::Config::default())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::warn!(%err, "reconcile failed");
+            }
+        })
+        .await;
 }
 
 /// Runs the controller only while `elector` holds the lease: waits to be elected, renews every

@@ -49,6 +49,27 @@ fn without_comments(docs: Vec<Value>) -> Vec<Value> {
     docs.into_iter().filter(|d| !d.is_null()).collect()
 }
 
+/// TopKMetric `plays` counting a new two-partition topic on the test broker.
+async fn plays_on_a_fresh_topic(env: &TestEnv) -> TopKMetric {
+    let topic = unique_name("chart-input");
+    env.create_topic(&topic, 2, &[]).await;
+    topk_api::load_manifest(&format!(
+        r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {{name: plays}}
+spec:
+  metric: plays
+  source: {{kafka: {{bootstrapServers: "{}", topic: {topic}}}}}
+  shards: 2
+  k: 5
+  windows: [{{name: 1h, length: 1h, bucket: 1m}}]
+"#,
+        env.kafka_bootstrap
+    ))
+    .expect("manifest")
+}
+
 #[tokio::test]
 async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
     let Some((env, client, ns)) = common::setup("helm chart", "chart").await else {
@@ -70,20 +91,68 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
         "{out}{err}"
     );
 
+    // Every option at once lints and renders: the dev Kafka, NetworkPolicies (the data
+    // plane's in this namespace), the monitors, the alerts and the dashboard.
+    let data_plane_namespaces = format!("networkPolicy.dataPlaneNamespaces={{{ns}}}");
+    let every_option = [
+        "--set",
+        "kafka.dev.enabled=true",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        &data_plane_namespaces,
+        "--set-json",
+        r#"networkPolicy.kafka.to=[{"ipBlock":{"cidr":"10.0.0.0/8"}}]"#,
+        "--set-json",
+        r#"networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#,
+        "--set-json",
+        r#"networkPolicy.queryFrom=[{"podSelector":{}}]"#,
+        "--set",
+        "monitoring.labels.release=prometheus",
+        "--set",
+        "monitoring.serviceMonitor.enabled=true",
+        "--set",
+        "monitoring.podMonitor.enabled=true",
+        "--set",
+        "monitoring.prometheusRule.enabled=true",
+        "--set",
+        "monitoring.grafanaDashboard.enabled=true",
+    ];
+    ok(helm(
+        &env,
+        &[&["lint", chart_arg][..], &every_option[..]].concat(),
+    ));
+    let (passed, out, err) = helm(
+        &env,
+        &[
+            "lint",
+            chart_arg,
+            "--set",
+            "monitoring.prometheusRule.minRecall=2",
+        ],
+    );
+    assert!(!passed, "a recall above 1 must be refused");
+    assert!(
+        format!("{out}{err}").contains("/monitoring/prometheusRule/minRecall"),
+        "{out}{err}"
+    );
+
     // The rendered CRD is the committed one, kept on uninstall.
     let rendered = ok(helm(
         &env,
         &[
-            "template",
-            "topk",
-            chart_arg,
-            "-n",
-            &ns,
-            "--kube-version",
-            "1.34.0",
-            "--set",
-            "kafka.dev.enabled=true",
-        ],
+            &[
+                "template",
+                "topk",
+                chart_arg,
+                "-n",
+                &ns,
+                "--kube-version",
+                "1.34.0",
+            ][..],
+            &every_option[..],
+        ]
+        .concat(),
     ));
     let docs: Vec<Value> =
         without_comments(serde_saphyr::from_multiple(&rendered).expect("rendered YAML"));
@@ -123,7 +192,47 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
     ));
     assert!(!none.contains("CustomResourceDefinition"));
 
-    // Every rendered object passes a server-side dry run on the real apiserver.
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    for kind in [
+        "NetworkPolicy",
+        "ServiceMonitor",
+        "PodMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+    ] {
+        assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
+    }
+    let dashboard = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .expect("the dashboard ConfigMap");
+    let dashboard: Value = serde_json::from_str(
+        dashboard["data"]["topk.json"]
+            .as_str()
+            .expect("the dashboard JSON"),
+    )
+    .expect("the dashboard is JSON");
+    assert!(
+        dashboard["panels"]
+            .as_array()
+            .is_some_and(|p| p.len() >= 10),
+        "{dashboard}"
+    );
+
+    // Every rendered object passes a server-side dry run on the real apiserver, the
+    // monitoring ones against the Prometheus operator's own CRDs.
+    let monitoring = env
+        .monitoring_crds
+        .as_ref()
+        .expect("TOPK_MONITORING_CRDS: run ./scripts/testenv.sh up again");
+    for kind in ["servicemonitors", "podmonitors", "prometheusrules"] {
+        let path = monitoring.join(format!("monitoring.coreos.com_{kind}.yaml"));
+        let text = std::fs::read_to_string(&path).expect("a monitoring CRD");
+        let crd = serde_saphyr::from_str(&text).expect("CRD YAML");
+        topk_testenv::install_crd(&client, &crd)
+            .await
+            .expect("install a monitoring CRD");
+    }
     for doc in &docs {
         let (group, version) = match doc["apiVersion"].as_str().expect("apiVersion") {
             gv if gv.contains('/') => gv.split_once('/').expect("group/version"),
@@ -213,23 +322,7 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
         .kube_client_as(&format!("system:serviceaccount:{ns}:{fullname}"))
         .await
         .expect("impersonating client");
-    let topic = unique_name("chart-input");
-    env.create_topic(&topic, 2, &[]).await;
-    let metric: TopKMetric = topk_api::load_manifest(&format!(
-        r#"
-apiVersion: topk.io/v1alpha1
-kind: TopKMetric
-metadata: {{name: plays}}
-spec:
-  metric: plays
-  source: {{kafka: {{bootstrapServers: "{}", topic: {topic}}}}}
-  shards: 2
-  k: 5
-  windows: [{{name: 1h, length: 1h, bucket: 1m}}]
-"#,
-        env.kafka_bootstrap
-    ))
-    .expect("manifest");
+    let metric = plays_on_a_fresh_topic(&env).await;
     let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
     metrics
         .create(&PostParams::default(), &metric)
@@ -273,4 +366,169 @@ spec:
     assert!(deployments.get(&fullname).await.is_err());
     let roles: Api<ClusterRole> = Api::all(client.clone());
     assert!(roles.get(&fullname).await.is_err());
+}
+
+#[tokio::test]
+async fn a_namespaced_operator_gets_roles_in_its_namespaces_and_reconciles_only_there() {
+    let Some((env, client, ns)) = common::setup("helm chart, namespaced", "chart-ns").await else {
+        return;
+    };
+    let chart = chart();
+    let chart_arg = chart.to_str().expect("utf-8 path");
+    let watched = env.namespace(&client, "watched").await.expect("namespace");
+    let other = env
+        .namespace(&client, "unwatched")
+        .await
+        .expect("namespace");
+    let values = [
+        "--set",
+        "crds.install=false",
+        "--set",
+        "image.tag=test",
+        "--set",
+        &format!("operator.watchNamespaces={{{watched}}}"),
+    ];
+
+    // Roles in the watched namespace (and the Lease's), no ClusterRole; the operator is told.
+    ok(helm(
+        &env,
+        &[&["lint", chart_arg][..], &values[..]].concat(),
+    ));
+    let rendered = ok(helm(
+        &env,
+        &[
+            &[
+                "template",
+                "topk",
+                chart_arg,
+                "-n",
+                &ns,
+                "--kube-version",
+                "1.34.0",
+            ][..],
+            &values[..],
+        ]
+        .concat(),
+    ));
+    let docs: Vec<Value> =
+        without_comments(serde_saphyr::from_multiple(&rendered).expect("rendered YAML"));
+    let kinds: Vec<(&str, &str)> = docs
+        .iter()
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap_or_default(),
+                d["metadata"]["namespace"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        !kinds
+            .iter()
+            .any(|(k, _)| *k == "ClusterRole" || *k == "ClusterRoleBinding"),
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&("Role", watched.as_str())), "{kinds:?}");
+    assert!(
+        kinds.contains(&("RoleBinding", watched.as_str())),
+        "{kinds:?}"
+    );
+    assert!(
+        rendered.contains(&format!("--watch-namespaces={watched}")),
+        "{rendered}"
+    );
+
+    let release = unique_name("rel");
+    ok(helm(
+        &env,
+        &[
+            &["install", &release, chart_arg, "--namespace", &ns][..],
+            &values[..],
+        ]
+        .concat(),
+    ));
+    let fullname = format!("{release}-topk-operator");
+    let as_operator = env
+        .kube_client_as(&format!("system:serviceaccount:{ns}:{fullname}"))
+        .await
+        .expect("impersonating client");
+    assert!(
+        Api::<TopKMetric>::all(as_operator.clone())
+            .list(&Default::default())
+            .await
+            .is_err(),
+        "a namespaced operator must not list TopKMetrics in every namespace"
+    );
+    assert!(
+        Api::<TopKMetric>::namespaced(as_operator.clone(), &other)
+            .list(&Default::default())
+            .await
+            .is_err(),
+        "nor in a namespace it does not watch"
+    );
+
+    // The controller, as the operator's ServiceAccount, reconciles the watched namespace's
+    // metric with those Roles alone, and never sees the other one.
+    let metric = plays_on_a_fresh_topic(&env).await;
+    for namespace in [&other, &watched] {
+        Api::<TopKMetric>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &metric)
+            .await
+            .expect("create TopKMetric");
+    }
+    let settings = Settings {
+        watch_namespaces: vec![watched.clone()],
+        ..Settings::default()
+    };
+    let controller = tokio::spawn(reconcile::run(Context::new(as_operator, settings)));
+    let watched_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &watched);
+    topk_testenv::await_some(
+        "the watched namespace's StatefulSets",
+        std::time::Duration::from_secs(60),
+        || async {
+            let worker = watched_sets.get_opt("plays-worker").await.ok()??;
+            let reducer = watched_sets.get_opt("plays-reducer").await.ok()??;
+            Some((worker, reducer))
+        },
+    )
+    .await;
+    // The other metric is out of its reach (no watch there, and no Role would allow one):
+    // after the watched metric's first status, nothing was made for it.
+    let watched_metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &watched);
+    topk_testenv::await_some(
+        "the watched metric's status",
+        std::time::Duration::from_secs(60),
+        || async {
+            let status = watched_metrics.get("plays").await.ok()?.status?;
+            (!status.conditions.is_empty()).then_some(())
+        },
+    )
+    .await;
+    controller.abort();
+    let other_sets: Api<StatefulSet> = Api::namespaced(client.clone(), &other);
+    assert!(
+        other_sets
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty(),
+        "the unwatched namespace's metric was reconciled"
+    );
+    let other_metric = Api::<TopKMetric>::namespaced(client.clone(), &other)
+        .get("plays")
+        .await
+        .expect("metric");
+    assert!(other_metric.status.is_none(), "{:?}", other_metric.status);
+    ok(helm(
+        &env,
+        &[
+            "uninstall",
+            &release,
+            "--namespace",
+            &ns,
+            "--wait",
+            "--timeout",
+            "60s",
+        ],
+    ));
 }

@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use topk_api::record::ExactHourManifest;
 use topk_api::rollback::RollbackResult;
 use topk_query::CodeLabel;
 
@@ -16,6 +17,11 @@ use crate::state::Outcome;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,6 +67,21 @@ pub struct ReducerMetrics {
     pub denied_keys: Gauge,
     pub corrupt_store: Counter,
     pub rollbacks: Family<ResultLabel, Counter>,
+    pub recount: RecountGauges,
+}
+
+/// What the newest recounted hour's Job reported (its manifest in the exact-hours topic):
+/// the Jobs' pods are gone before anyone scrapes them.
+#[derive(Default)]
+pub struct RecountGauges {
+    pub hour_seconds: Gauge,
+    pub events_read: Gauge,
+    pub counted: Gauge,
+    pub duplicates: Gauge,
+    pub outside_hour: Gauge,
+    pub keys: Gauge,
+    pub duration_seconds: Gauge<f64, AtomicU64>,
+    pub rejected: Family<ReasonLabel, Gauge>,
 }
 
 impl Default for ReducerMetrics {
@@ -92,6 +113,7 @@ impl Default for ReducerMetrics {
             denied_keys: Gauge::default(),
             corrupt_store: Counter::default(),
             rollbacks: Family::default(),
+            recount: RecountGauges::default(),
             registry: Registry::default(),
         };
         for outcome in Outcome::ALL {
@@ -230,6 +252,51 @@ impl Default for ReducerMetrics {
             "topk.io/rollback requests handled, by result",
             m.rollbacks.clone(),
         );
+        let recount = &m.recount;
+        for (name, help, gauge) in [
+            (
+                "recount_hour_seconds",
+                "Unix time of the start of the newest recounted hour",
+                &recount.hour_seconds,
+            ),
+            (
+                "recount_events_read",
+                "Events the newest recounted hour's Job read (the hour and its grace)",
+                &recount.events_read,
+            ),
+            (
+                "recount_counted",
+                "Events of the newest recounted hour counted, duplicates dropped",
+                &recount.counted,
+            ),
+            (
+                "recount_duplicates",
+                "Events of the newest recounted hour whose event_id was already counted",
+                &recount.duplicates,
+            ),
+            (
+                "recount_outside_hour",
+                "Valid events the newest recount read from outside its hour",
+                &recount.outside_hour,
+            ),
+            (
+                "recount_keys",
+                "Distinct (scope, key) pairs of the newest recounted hour",
+                &recount.keys,
+            ),
+        ] {
+            r.register(name, help, gauge.clone());
+        }
+        r.register(
+            "recount_duration_seconds",
+            "How long the newest recounted hour's Job counted",
+            recount.duration_seconds.clone(),
+        );
+        r.register(
+            "recount_rejected",
+            "Invalid events of the newest recounted hour, by reason",
+            recount.rejected.clone(),
+        );
         Self { registry, ..m }
     }
 }
@@ -249,6 +316,32 @@ impl ReducerMetrics {
                 result: result.as_str(),
             })
             .inc();
+    }
+
+    /// Shows `manifest` unless a newer hour is shown already (a rerun of an older hour, or
+    /// the topic read again from its start).
+    pub fn recounted(&self, hour_ms: i64, manifest: &ExactHourManifest) {
+        let r = &self.recount;
+        if hour_ms / 1000 < r.hour_seconds.get() {
+            return;
+        }
+        let gauge = |g: &Gauge, v: u64| g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        r.hour_seconds.set(hour_ms / 1000);
+        gauge(&r.events_read, manifest.events_read);
+        gauge(&r.counted, manifest.counted);
+        gauge(&r.duplicates, manifest.duplicates);
+        gauge(&r.outside_hour, manifest.outside_hour);
+        gauge(&r.keys, manifest.keys);
+        r.duration_seconds.set(manifest.duration_ms as f64 / 1000.0);
+        r.rejected.clear();
+        for (reason, n) in &manifest.rejected {
+            gauge(
+                &r.rejected.get_or_create(&ReasonLabel {
+                    reason: reason.clone(),
+                }),
+                *n,
+            );
+        }
     }
 
     pub fn encode(&self) -> String {

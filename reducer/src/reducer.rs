@@ -664,6 +664,7 @@ impl Reducer {
     ) -> Result<(), Error> {
         let hour = ingested.hour_ms;
         self.shared.metrics.exact_hours.inc();
+        self.shared.metrics.recounted(hour, manifest);
         tracing::info!(
             hour = manifest.hour,
             counted = manifest.counted,

@@ -54,6 +54,9 @@ pub struct TestEnv {
     pub kubeconfig: PathBuf,
     pub kube_version: String,
     pub helm: PathBuf,
+    /// The Prometheus operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule) as YAML
+    /// files; `None` in an environment written by an older script.
+    pub monitoring_crds: Option<PathBuf>,
     /// The address the test environment gave this machine on an interface of its own (as
     /// root), which the apiserver can proxy to; `None` without one.
     pub host_address: Option<String>,
@@ -196,6 +199,7 @@ impl TestEnv {
             kubeconfig: PathBuf::from(get("TOPK_KUBECONFIG")?),
             kube_version: get("TOPK_KUBE_VERSION")?,
             helm: PathBuf::from(get("TOPK_HELM")?),
+            monitoring_crds: vars.get("TOPK_MONITORING_CRDS").map(PathBuf::from),
             host_address: vars.get("TOPK_TESTENV_NODE_IP").map(|v| v.to_string()),
             secure_kafka: SecureKafka {
                 tls_bootstrap: get("TOPK_KAFKA_TLS_BOOTSTRAP")?,
