@@ -31,6 +31,38 @@ pub struct ProduceArgs {
     /// Longest key accepted (as `maxKeyBytes` in the spec); longer events are skipped.
     #[arg(long, default_value_t = 1024)]
     max_key_bytes: usize,
+    /// librdkafka properties for the connection, one `name=value` per line (`#` comments),
+    /// as Kafka's `--producer.config`: `security.protocol`, `sasl.mechanism`,
+    /// `sasl.username`, `sasl.password`, `ssl.ca.location`, ...
+    #[arg(long)]
+    producer_config: Option<PathBuf>,
+}
+
+/// Properties `topk produce` sets itself: the keying contract and where to connect.
+const FIXED_PROPERTIES: [&str; 3] = ["bootstrap.servers", "partitioner", "enable.idempotence"];
+
+/// The properties of a `--producer-config` file, in order.
+fn producer_properties(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut properties = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            return Err(format!("line {}: not name=value", number + 1));
+        };
+        let name = name.trim();
+        if FIXED_PROPERTIES.contains(&name) {
+            return Err(format!(
+                "line {}: {name} is set by topk produce (use --bootstrap; the partitioner and \
+                 idempotence are what topk's keying needs)",
+                number + 1
+            ));
+        }
+        properties.push((name.to_owned(), value.trim().to_owned()));
+    }
+    Ok(properties)
 }
 
 pub async fn produce(args: ProduceArgs) -> Result<(), CliError> {
@@ -49,14 +81,27 @@ fn produce_blocking(args: &ProduceArgs) -> Result<(), CliError> {
         )),
         _ => Box::new(std::io::stdin().lock()),
     };
-    let delivery = DeliveryCounter::default();
-    let producer: ThreadedProducer<DeliveryCounter> = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", &args.bootstrap)
         // The Java client's partitioner (librdkafka's default hashes with CRC32): every key
         // lands on the shard topk computes for it.
         .set("partitioner", "murmur2_random")
         .set("enable.idempotence", "true")
-        .set("linger.ms", "20")
+        .set("linger.ms", "20");
+    if let Some(path) = &args.producer_config {
+        let text = std::fs::read_to_string(path).map_err(|source| CliError::ReadFile {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let properties = producer_properties(&text)
+            .map_err(|e| CliError::Usage(format!("--producer-config {}: {e}", path.display())))?;
+        for (name, value) in properties {
+            config.set(name, value);
+        }
+    }
+    let delivery = DeliveryCounter::default();
+    let producer: ThreadedProducer<DeliveryCounter> = config
         .create_with_context(delivery.clone())
         .map_err(topk_runtime::Error::from)?;
     let (mut sent, mut skipped) = (0u64, 0u64);
@@ -95,4 +140,30 @@ fn produce_blocking(args: &ProduceArgs) -> Result<(), CliError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_producer_config_reads_like_kafkas_and_keeps_the_keying() {
+        let text = "# SASL over TLS\nsecurity.protocol=SASL_SSL\n\n sasl.password = a=b \n";
+        assert_eq!(
+            producer_properties(text),
+            Ok(vec![
+                ("security.protocol".into(), "SASL_SSL".into()),
+                ("sasl.password".into(), "a=b".into()),
+            ])
+        );
+        let refused = producer_properties("linger.ms=5\npartitioner=consistent").unwrap_err();
+        assert!(
+            refused.starts_with("line 2: partitioner is set by topk produce"),
+            "{refused}"
+        );
+        assert_eq!(
+            producer_properties("acks"),
+            Err("line 1: not name=value".into())
+        );
+    }
 }
