@@ -54,16 +54,66 @@ pub struct KafkaConfig {
     /// TLS, authentication and client properties: Secret references only, never a secret.
     #[serde(default, skip_serializing_if = "KafkaSecurity::is_plaintext")]
     pub security: KafkaSecurity,
+    /// The cluster of the internal topics, when it is not the input's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal: Option<ClusterConfig>,
+}
+
+/// A Kafka cluster's address and how to connect to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub bootstrap_servers: String,
+    #[serde(default, skip_serializing_if = "KafkaSecurity::is_plaintext")]
+    pub security: KafkaSecurity,
+}
+
+/// The librdkafka properties of a metric's clients: of the input's cluster, and of the
+/// internal topics' cluster (the same properties when they share one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaClients {
+    pub input: KafkaProperties,
+    pub internal: KafkaProperties,
+}
+
+impl KafkaClients {
+    /// Both roles on one cluster, with the same properties.
+    pub fn one_cluster(properties: KafkaProperties) -> Self {
+        Self {
+            input: properties.clone(),
+            internal: properties,
+        }
+    }
 }
 
 impl KafkaConfig {
-    /// The librdkafka properties of this cluster's clients; `read` returns a Secret key's
-    /// text (see [`KafkaSecurity::properties`]).
+    /// The librdkafka properties of the input's and the internal topics' clients; `read`
+    /// returns a Secret key's text (see [`KafkaSecurity::properties`]).
     pub fn properties(
         &self,
-        read: impl FnMut(&SecretKey) -> Result<String, String>,
-    ) -> Result<KafkaProperties, CredentialError> {
-        self.security.properties(&self.bootstrap_servers, read)
+        mut read: impl FnMut(&SecretKey) -> Result<String, String>,
+    ) -> Result<KafkaClients, CredentialError> {
+        let input = self
+            .security
+            .properties(&self.bootstrap_servers, &mut read)?;
+        let internal = match &self.internal {
+            Some(cluster) => cluster
+                .security
+                .properties(&cluster.bootstrap_servers, &mut read)?,
+            None => input.clone(),
+        };
+        Ok(KafkaClients { input, internal })
+    }
+
+    /// Every Secret key the clients of both clusters read, sorted, each once.
+    pub fn secret_keys(&self) -> Vec<SecretKey> {
+        let mut keys = self.security.secret_keys();
+        if let Some(cluster) = &self.internal {
+            keys.extend(cluster.security.secret_keys());
+        }
+        keys.sort();
+        keys.dedup();
+        keys
     }
 }
 
@@ -191,6 +241,10 @@ impl DataPlaneConfig {
                 input_topic: spec.source.kafka.topic.clone(),
                 topics: TopicNames::of(&namespace, &name),
                 security: spec.source.kafka.security(),
+                internal: metric.internal_kafka()?.map(|cluster| ClusterConfig {
+                    security: cluster.security(),
+                    bootstrap_servers: cluster.bootstrap_servers,
+                }),
             },
             worker: WorkerTiming {
                 checkpoint_interval: workers
@@ -262,6 +316,10 @@ impl DataPlaneConfig {
     pub fn config_version(&self) -> String {
         let contract = KafkaConfig {
             security: KafkaSecurity::default(),
+            internal: self.kafka.internal.as_ref().map(|cluster| ClusterConfig {
+                bootstrap_servers: cluster.bootstrap_servers.clone(),
+                security: KafkaSecurity::default(),
+            }),
             ..self.kafka.clone()
         };
         hash_of(&Rollout {
@@ -597,6 +655,72 @@ mod tests {
                 json!("Retain"),
                 OperatorOnly("the StatefulSets' volume retention policy"),
             ),
+            (
+                "internalKafka.bootstrapServers",
+                "/internalKafka/bootstrapServers",
+                json!("other:9093"),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.tls.trustedCertificates[].secretName",
+                "/internalKafka/tls/trustedCertificates/0/secretName",
+                json!("other-ca"),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.tls.trustedCertificates[].certificate",
+                "/internalKafka/tls/trustedCertificates/0/certificate",
+                json!("other.crt"),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.authentication.type",
+                "/internalKafka/authentication/type",
+                json!("scram-sha-256"),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.authentication.username",
+                "/internalKafka/authentication/username",
+                json!("other"),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.authentication.passwordSecret.secretName",
+                "/internalKafka/authentication/passwordSecret/secretName",
+                json!("other"),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.authentication.passwordSecret.password",
+                "/internalKafka/authentication/passwordSecret/password",
+                json!("other"),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.authentication.certificateAndKey.secretName",
+                "/internalKafka/authentication",
+                json!({"type": "tls", "certificateAndKey": {"secretName": "u", "certificate": "c", "key": "k"}}),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.authentication.certificateAndKey.certificate",
+                "/internalKafka/authentication",
+                json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "c", "key": "k"}}),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.authentication.certificateAndKey.key",
+                "/internalKafka/authentication",
+                json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "user.crt", "key": "k"}}),
+                Restarts(BOTH),
+            ),
+            (
+                "internalKafka.config",
+                "/internalKafka/config/client.rack",
+                json!("zone-b"),
+                Restarts(BOTH),
+            ),
             ("denyKeys", "/denyKeys", json!(["x", "y"]), Live),
             (
                 "denyKeysFrom.configMapKeyRef.name",
@@ -681,6 +805,13 @@ mod tests {
             "reducers": {"replicas": 1, "keepVersions": 100, "keepFor": "24h", "staleAfter": "2m",
                          "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "2Gi"}, "claims": [{"name": "gpu", "request": "a"}]},
                          "storage": {"size": "1Gi", "storageClassName": "fast"}},
+            "internalKafka": {
+                "bootstrapServers": "internal:9093",
+                "tls": {"trustedCertificates": [{"secretName": "internal-ca", "certificate": "ca.crt"}]},
+                "authentication": {"type": "scram-sha-512", "username": "topk",
+                                   "passwordSecret": {"secretName": "internal-user", "password": "password"}},
+                "config": {"client.rack": "zone-a"},
+            },
             "volumeRetention": {"whenDeleted": "Delete", "whenScaled": "Delete"},
             "denyKeys": ["x"],
             "denyKeysFrom": {"configMapKeyRef": {"name": "takedowns", "key": "keys"}},

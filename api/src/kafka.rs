@@ -205,13 +205,14 @@ impl KafkaSecurity {
         }
     }
 
-    /// What is wrong with the settings, as `spec.source.kafka...` messages (empty if nothing).
-    pub fn problems(&self) -> Vec<String> {
+    /// What is wrong with the settings, as messages about the field `at` (for example
+    /// `spec.source.kafka`; empty if nothing).
+    pub fn problems(&self, at: &str) -> Vec<String> {
         let mut problems = Vec::new();
         for name in self.config.keys() {
             if !ALLOWED_CLIENT_PROPERTIES.contains(&name.as_str()) {
                 problems.push(format!(
-                    "spec.source.kafka.config: {name:?} cannot be set here; allowed: {}",
+                    "{at}.config: {name:?} cannot be set here; allowed: {}",
                     ALLOWED_CLIENT_PROPERTIES.join(", ")
                 ));
             }
@@ -219,11 +220,12 @@ impl KafkaSecurity {
         let Some(auth) = &self.authentication else {
             return problems;
         };
-        let at = "spec.source.kafka.authentication";
+        let tls_at = format!("{at}.tls");
+        let at = format!("{at}.authentication");
         if auth.kind == AuthenticationType::Tls {
             if self.tls.is_none() {
                 problems.push(format!(
-                    "{at}: type tls authenticates with a client certificate over TLS; set spec.source.kafka.tls too"
+                    "{at}: type tls authenticates with a client certificate over TLS; set {tls_at} too"
                 ));
             }
             if auth.certificate_and_key.is_none() {
@@ -282,7 +284,7 @@ impl KafkaSecurity {
         bootstrap: &str,
         mut read: impl FnMut(&SecretKey) -> Result<String, String>,
     ) -> Result<KafkaProperties, CredentialError> {
-        let problems = self.problems();
+        let problems = self.problems("kafka");
         if !problems.is_empty() {
             return Err(CredentialError::Invalid(problems.join("; ")));
         }
@@ -486,7 +488,7 @@ mod tests {
             .config
             .insert("enable.auto.commit".into(), "true".into());
         security.authentication.as_mut().unwrap().username = None;
-        let problems = security.problems();
+        let problems = security.problems("spec.source.kafka");
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("\"enable.auto.commit\" cannot be set"));
         assert!(problems[1].contains("needs username"));
@@ -499,7 +501,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(tls_without_tls.problems().len(), 3);
+        assert_eq!(tls_without_tls.problems("spec.source.kafka").len(), 3);
         assert!(
             tls_without_tls
                 .properties("b", |_| panic!("read before validating"))

@@ -15,7 +15,7 @@ pub mod report;
 pub mod rollback;
 pub mod topics;
 
-pub use dataplane::{CONFIG_KEY, Component, DataPlaneConfig, DenyList};
+pub use dataplane::{CONFIG_KEY, Component, DataPlaneConfig, DenyList, KafkaClients};
 pub use duration::Duration;
 pub use error::ApiError;
 pub use manifest::{DEFAULT_MANIFEST, TopKMetric, TopKMetricSpec, TopKMetricStatus, load_manifest};

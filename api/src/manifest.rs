@@ -102,7 +102,9 @@ const DEFAULT_CANDIDATES: u32 = 1000;
     validation = Rule::new("!has(self.workers) || (self.workers.replicas >= 1 && self.workers.replicas <= self.shards)")
         .message("workers.replicas must be between 1 and shards; lower the replicas or raise shards (shards cannot change later)"),
     validation = Rule::new("!has(self.sketch) || self.mode == 'approximate'")
-        .message("sketch is only allowed with mode: approximate; remove sketch or set mode: approximate")
+        .message("sketch is only allowed with mode: approximate; remove sketch or set mode: approximate"),
+    validation = Rule::new("has(self.internalKafka) == has(oldSelf.internalKafka) && (!has(self.internalKafka) || self.internalKafka.bootstrapServers == oldSelf.internalKafka.bootstrapServers)")
+        .message("internalKafka cannot be added, removed or pointed at other brokers: the internal topics hold the metric's state; create a new TopKMetric")
 )]
 pub struct TopKMetricSpec {
     /// Events whose `metric` field equals this are counted; others are skipped.
@@ -166,6 +168,12 @@ pub struct TopKMetricSpec {
     /// The hourly exact recount of closed hours.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recount: Option<RecountSpec>,
+    /// Another Kafka cluster for the internal topics (summaries, snapshots, hand-offs, exact
+    /// hours, dead letters), for example one the platform team owns when the input's cluster
+    /// is shared. Default: the operator's default cluster, else the input's. Cannot be added,
+    /// removed or pointed at other brokers later: the internal topics hold the metric's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_kafka: Option<KafkaCluster>,
     /// What happens to the workers' and reducers' volumes when the metric is deleted or
     /// workers scale down (default: deleted in both cases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -275,6 +283,67 @@ impl KafkaSource {
             tls: self.tls.clone(),
             authentication: self.authentication.clone(),
             config: self.config.clone(),
+        }
+    }
+}
+
+/// A Kafka cluster of the metric's internal topics, connected to the way `source.kafka` says
+/// for the input (Secrets in the metric's namespace).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KafkaCluster {
+    #[schemars(length(min = 1, max = 2048))]
+    pub bootstrap_servers: String,
+    /// TLS to the brokers; `{}` trusts the system's CAs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<KafkaTls>,
+    /// As `source.kafka.authentication`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<KafkaAuthentication>,
+    /// As `source.kafka.config`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub config: BTreeMap<String, String>,
+}
+
+impl KafkaCluster {
+    /// How its clients connect, as the rendered config carries it.
+    pub fn security(&self) -> KafkaSecurity {
+        KafkaSecurity {
+            tls: self.tls.clone(),
+            authentication: self.authentication.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// Annotation recording where a metric's internal topics live when its spec does not say:
+/// the operator's default cluster (as JSON) or [`INTERNAL_ON_SOURCE`]. The operator writes it
+/// when it first deploys the metric, so that a later change of its default moves nothing.
+pub const INTERNAL_KAFKA_ANNOTATION: &str = "topk.io/internal-kafka";
+/// [`INTERNAL_KAFKA_ANNOTATION`]'s value for internal topics on the input's cluster.
+pub const INTERNAL_ON_SOURCE: &str = "source";
+
+impl TopKMetric {
+    /// The cluster of the internal topics when it is not the input's: `spec.internalKafka`,
+    /// else the cluster the operator recorded in [`INTERNAL_KAFKA_ANNOTATION`].
+    pub fn internal_kafka(&self) -> Result<Option<KafkaCluster>, ApiError> {
+        if let Some(cluster) = &self.spec.internal_kafka {
+            return Ok(Some(cluster.clone()));
+        }
+        let recorded = self
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INTERNAL_KAFKA_ANNOTATION));
+        match recorded.map(String::as_str) {
+            None | Some(INTERNAL_ON_SOURCE) => Ok(None),
+            Some(text) => serde_json::from_str(text).map(Some).map_err(|e| {
+                ApiError::Invalid(vec![format!(
+                    "annotation {INTERNAL_KAFKA_ANNOTATION}: not a Kafka cluster ({e}); \
+                     it records where the internal topics live, so restore its value"
+                )])
+            }),
         }
     }
 }
@@ -887,7 +956,13 @@ impl TopKMetricSpec {
                     .push("spec.denyKeysFrom.configMapKeyRef needs both name and key".to_owned());
             }
         }
-        problems.extend(self.source.kafka.security().problems());
+        problems.extend(self.source.kafka.security().problems("spec.source.kafka"));
+        if let Some(internal) = &self.internal_kafka {
+            if internal.bootstrap_servers.trim().is_empty() {
+                problems.push("spec.internalKafka.bootstrapServers must not be empty".to_owned());
+            }
+            problems.extend(internal.security().problems("spec.internalKafka"));
+        }
         if self.windows.is_empty() {
             problems.push("spec.windows needs at least one window".to_owned());
         }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use topk_api::DataPlaneConfig;
-use topk_api::kafka::{KAFKA_SECRETS_DIR, KafkaProperties};
+use topk_api::KafkaClients;
+use topk_api::kafka::KAFKA_SECRETS_DIR;
 use topk_runtime::ControlPlane;
 
 use crate::error::CliError;
@@ -26,7 +27,7 @@ pub struct ConfigArgs {
 
 impl ConfigArgs {
     /// The config, and the properties of its Kafka clients with their credentials.
-    pub fn load(&self) -> Result<(DataPlaneConfig, KafkaProperties), CliError> {
+    pub fn load(&self) -> Result<(DataPlaneConfig, KafkaClients), CliError> {
         let config = topk_runtime::load_config(&self.config)?;
         let kafka = topk_runtime::kafka_properties(&config, &self.kafka_secrets)?;
         Ok((config, kafka))

@@ -17,7 +17,7 @@ pub struct ReducerArgs {
 pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
     let common = &args.common;
     let (config, kafka) = common.config.load()?;
-    let mut settings = topk_reducer::settings(&config, kafka);
+    let mut settings = topk_reducer::settings(&config, kafka.internal);
     settings.state_dir = common.state_dir.clone();
     let control = common.control(&config, None).await?;
     // One writer is enough and avoids replicas fighting over the same fields.

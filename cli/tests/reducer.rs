@@ -1,7 +1,9 @@
 //! End to end on the test environment's broker: a known stream through two `topk worker`
 //! processes and a `topk reducer` process gives exactly the oracle's lists over the reducer's
 //! HTTP API, also when a worker is SIGKILLed and restarted mid-stream; a takedown added to
-//! the running reducer's config leaves the lists at once, and lifting it brings the key back.
+//! the running reducer's config leaves the lists at once, and lifting it brings the key back;
+//! with `spec.internalKafka` the internal topics live on another broker and the lists are the
+//! same.
 
 mod common;
 
@@ -14,7 +16,10 @@ use topk_api::record::SummaryRecord;
 use topk_api::topics::TopicNames;
 use topk_engine::partition::message_key;
 use topk_engine::summary::rank_order;
-use topk_testenv::{TestEnv, list_items, metric_manifest, read_partition, unique_name};
+use topk_testenv::{
+    PrivateKafka, TestEnv, create_internal_topics, list_items, metric_manifest, read_partition,
+    unique_name,
+};
 
 const SHARDS: u32 = 2;
 const WAIT: Duration = Duration::from_secs(120);
@@ -49,14 +54,14 @@ impl NewMetric {
 }
 
 fn manifest(name: &str, bootstrap: &str, topic: &str, deny: &[&str]) -> String {
+    metric_manifest(name, "plays", bootstrap, topic, &spec(deny))
+}
+
+/// The spec below `source` of [`manifest`].
+fn spec(deny: &[&str]) -> String {
     let deny = deny.join(", ");
-    metric_manifest(
-        name,
-        "plays",
-        bootstrap,
-        topic,
-        &format!(
-            r#"
+    format!(
+        r#"
 shards: {SHARDS}
 k: 10
 allowedLateness: 1s
@@ -66,7 +71,6 @@ windows:
   - {{name: 1h, length: 1h, bucket: 1s}}
   - {{name: all, allTime: true, bucket: 1s}}
 "#
-        ),
     )
 }
 
@@ -703,4 +707,101 @@ windows:
         .expect("a snapshot");
     assert_eq!(again.checkpoint.epoch, 2);
     assert!(again.checkpoint.next_offset >= in_force.checkpoint.next_offset);
+}
+
+#[test]
+fn internal_topics_on_their_own_cluster_carry_the_lists() {
+    let Some(env) = TestEnv::get("internal topics on another cluster") else {
+        return;
+    };
+    // Input on the environment's broker; summaries, snapshots and the rest on a broker of
+    // this test's own, as `spec.internalKafka` says.
+    let internal = PrivateKafka::start(&env);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let name = unique_name("split");
+    let input = unique_name("split-input");
+    runtime.block_on(async {
+        env.create_topic(&input, SHARDS as i32, &[]).await;
+        create_internal_topics(&internal.config(), NS, &name, SHARDS).await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = metric_manifest(
+        &name,
+        "plays",
+        &env.kafka_bootstrap,
+        &input,
+        &format!(
+            "internalKafka: {{bootstrapServers: \"{}\"}}{}",
+            internal.bootstrap(),
+            spec(&[])
+        ),
+    );
+    let config = common::rendered_config(dir.path(), &manifest, NS);
+    let rendered = std::fs::read_to_string(&config).expect("rendered config");
+    assert!(rendered.contains(&internal.bootstrap()), "{rendered}");
+
+    let stack = common::Stack::start(dir.path(), &config);
+    let _workers = [stack.worker(0), stack.worker(1)];
+    let producer = producer(&env);
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for i in 0..600u64 {
+        let (scope, key) = (
+            if i % 4 == 0 { "eu" } else { "" },
+            format!("song-{}", i % 7 * (i % 3)),
+        );
+        let payload = serde_json::json!({
+            "event_time": now_ms(), "metric": "plays", "scope": scope, "key": key,
+        })
+        .to_string();
+        producer
+            .send(
+                BaseRecord::to(&input)
+                    .key(&message_key("plays", scope, &key))
+                    .payload(&payload),
+            )
+            .expect("enqueue");
+        *counts.entry((scope.to_owned(), key)).or_default() += 1;
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    await_all_time(
+        &stack.reducer.base,
+        &oracle(&counts, &[], 10),
+        "split-cluster",
+    );
+
+    // The summaries went to the internal cluster, and none of the internal topics exist on
+    // the input's.
+    let topics = TopicNames::of(NS, &name);
+    let partitions = topk_api::topics::internal_topics(NS, &name, SHARDS)
+        .into_iter()
+        .find(|t| t.name == topics.summaries)
+        .expect("the summaries topic")
+        .partitions;
+    let summaries: usize = (0..partitions)
+        .map(|p| read_partition(&internal.config(), &topics.summaries, p).len())
+        .sum();
+    assert!(summaries > 0, "no summary on the internal cluster");
+    let admin: rdkafka::consumer::BaseConsumer =
+        env.kafka_config().create().expect("a metadata client");
+    let metadata = rdkafka::consumer::Consumer::fetch_metadata(
+        &admin,
+        Some(&topics.summaries),
+        Duration::from_secs(10),
+    )
+    .expect("metadata");
+    assert!(
+        metadata
+            .topics()
+            .iter()
+            .all(|t| t.error().is_some() || t.partitions().is_empty()),
+        "the input's cluster holds {}",
+        topics.summaries
+    );
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
 }

@@ -26,7 +26,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 pub use topk_api::dataplane::CONFIG_KEY;
-use topk_api::kafka::{KAFKA_SECRETS_DIR, KafkaSecurity};
+use topk_api::dataplane::KafkaConfig;
+use topk_api::kafka::KAFKA_SECRETS_DIR;
+use topk_api::manifest::KafkaCluster;
 pub use topk_api::names::Names;
 use topk_api::{Component, DataPlaneConfig, TopKMetric};
 
@@ -53,6 +55,9 @@ pub struct Settings {
     pub recount_deadline: Duration,
     /// The namespaces whose TopKMetrics this operator reconciles; empty: every namespace.
     pub watch_namespaces: Vec<String>,
+    /// Where new metrics' internal topics go when their spec does not say (None: the input's
+    /// cluster). Recorded on each metric when first deployed, so changing it moves nothing.
+    pub internal_kafka: Option<KafkaCluster>,
 }
 
 impl Default for Settings {
@@ -66,11 +71,15 @@ impl Default for Settings {
             recount_pod_retries: 2,
             recount_deadline: Duration::from_secs(3600),
             watch_namespaces: Vec::new(),
+            internal_kafka: None,
         }
     }
 }
 
 pub const CONFIG_HASH_ANNOTATION: &str = "topk.io/config-hash";
+/// Pod template annotation: the version of the Secrets the Kafka settings read. Pods read the
+/// credentials once, at start, so a rotated Secret must roll them.
+pub const CREDENTIALS_ANNOTATION: &str = "topk.io/kafka-credentials";
 /// Labels of a recount Job: the hour (`YYYYMMDDHH`, UTC) and the attempt.
 pub const HOUR_LABEL: &str = "topk.io/hour";
 pub const ATTEMPT_LABEL: &str = "topk.io/attempt";
@@ -184,6 +193,43 @@ fn meta(metric: &TopKMetric, name: &str, component: &str) -> Result<ObjectMeta, 
 
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Stamps the Secrets' `version` on the pod template (none when no Secret is referenced).
+/// Unknown this time (the Secrets could not be read), the live StatefulSet's stamp is kept,
+/// so that a failed read rolls nothing.
+pub fn stamp_credentials(
+    desired: &mut StatefulSet,
+    live: Option<&StatefulSet>,
+    version: Option<&str>,
+) {
+    let template_annotations = |sts: &StatefulSet| {
+        sts.spec
+            .as_ref()?
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .get(CREDENTIALS_ANNOTATION)
+            .cloned()
+    };
+    let stamp = match version {
+        Some("") => None,
+        Some(version) => Some(version.to_owned()),
+        None => live.and_then(template_annotations),
+    };
+    let Some(stamp) = stamp else {
+        return;
+    };
+    if let Some(spec) = desired.spec.as_mut() {
+        spec.template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(CREDENTIALS_ANNOTATION.to_owned(), stamp);
+    }
 }
 
 /// A Role rule; no `names` means every object of the resource (`create` cannot be limited
@@ -369,7 +415,7 @@ fn statefulset(
     config: &DataPlaneConfig,
     settings: &Settings,
 ) -> Result<StatefulSet, Error> {
-    let kafka = &config.kafka.security;
+    let kafka = &config.kafka;
     let config_hash = config.rollout_hash(if component == "worker" {
         Component::Worker
     } else {
@@ -568,7 +614,7 @@ fn pod_spec(
     names: &Names,
     mut container: Container,
     extra_volumes: Vec<Volume>,
-    kafka: &KafkaSecurity,
+    kafka: &KafkaConfig,
 ) -> PodSpec {
     let mut volumes = vec![Volume {
         name: "config".to_owned(),
@@ -604,9 +650,10 @@ fn pod_spec(
     }
 }
 
-/// The Secret keys `kafka` references, projected as `SECRET/KEY` files (what the data plane
-/// reads under [`KAFKA_SECRETS_DIR`]); readable by the pod's user only. None without any.
-fn kafka_secrets_volume(kafka: &KafkaSecurity) -> Option<Volume> {
+/// The Secret keys `kafka` references (both clusters'), projected as `SECRET/KEY` files (what
+/// the data plane reads under [`KAFKA_SECRETS_DIR`]); readable by the pod's user only. None
+/// without any.
+fn kafka_secrets_volume(kafka: &KafkaConfig) -> Option<Volume> {
     let keys = kafka.secret_keys();
     if keys.is_empty() {
         return None;
@@ -685,7 +732,7 @@ pub fn recount_job(
         ..Default::default()
     };
     let config = DataPlaneConfig::from_metric(metric)?;
-    let mut pod = pod_spec(&names, container, vec![scratch], &config.kafka.security);
+    let mut pod = pod_spec(&names, container, vec![scratch], &config.kafka);
     pod.restart_policy = Some("Never".to_owned());
     Ok(Job {
         metadata,

@@ -12,7 +12,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde::Deserialize;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
-use topk_api::manifest::{RecountFailure, RecountStatus, RescaleStatus, WorkersStatus};
+use topk_api::manifest::{
+    INTERNAL_KAFKA_ANNOTATION, INTERNAL_ON_SOURCE, KafkaCluster, RecountFailure, RecountStatus,
+    RescaleStatus, WorkersStatus,
+};
 use topk_api::record::ExactHourManifest;
 use topk_api::report::{self, ShardLoss};
 use topk_api::{DataPlaneConfig, TopKMetric, TopKMetricStatus};
@@ -38,6 +41,9 @@ pub struct Observation {
     /// when the metric is not acted on).
     #[serde(default)]
     pub kafka: Option<TopicProblem>,
+    /// The version of the Secrets the Kafka settings read (`""`: none), when they were read.
+    #[serde(default)]
+    pub kafka_secrets: Option<String>,
     #[serde(default)]
     pub assignment: Option<ConfigMap>,
     /// Read only when an assignment exists (nothing can have been released before).
@@ -104,6 +110,50 @@ pub struct Decision {
 /// or the metric paused.
 pub fn acts_on(metric: &TopKMetric) -> bool {
     !metric.spec.paused && DataPlaneConfig::from_metric(metric).is_ok()
+}
+
+/// The operator's default cluster for internal topics, from `--internal-kafka` (JSON, the
+/// fields of a TopKMetric's `spec.internalKafka`).
+pub fn internal_kafka_default(text: &str) -> Result<KafkaCluster, String> {
+    let cluster: KafkaCluster = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut problems = cluster.security().problems("internalKafka");
+    if cluster.bootstrap_servers.trim().is_empty() {
+        problems.push("bootstrapServers must not be empty".to_owned());
+    }
+    if problems.is_empty() {
+        Ok(cluster)
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// Whether `metric` says where its internal topics live: in its spec, or in the
+/// [`INTERNAL_KAFKA_ANNOTATION`] recorded before.
+pub fn internal_kafka_known(metric: &TopKMetric) -> bool {
+    let recorded = metric
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(INTERNAL_KAFKA_ANNOTATION));
+    metric.spec.internal_kafka.is_some() || recorded
+}
+
+/// The [`INTERNAL_KAFKA_ANNOTATION`] to record on `metric`, when it needs one (see
+/// [`internal_kafka_known`]). A metric already deployed (`deployed`: its workers exist, from
+/// before the annotation) keeps its internal topics on the input's cluster, where they are; a
+/// new one gets the operator's `default`, if any.
+pub fn internal_kafka_pin(
+    metric: &TopKMetric,
+    default: Option<&KafkaCluster>,
+    deployed: bool,
+) -> Option<String> {
+    if internal_kafka_known(metric) {
+        return None;
+    }
+    match default.filter(|_| !deployed) {
+        Some(cluster) => serde_json::to_string(cluster).ok(),
+        None => Some(INTERNAL_ON_SOURCE.to_owned()),
+    }
 }
 
 /// The `RolledOut` Event of a StatefulSet the apply changed.
@@ -293,6 +343,7 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         (&mut objects.worker, o.worker.as_ref()),
         (&mut objects.reducer, o.reducer.as_ref()),
     ] {
+        builders::stamp_credentials(desired, live, o.kafka_secrets.as_deref());
         if builders::keep_claim_templates(desired, live) {
             warnings.push(format!(
                 "{}: a StatefulSet's volumes cannot change once created; the new storage applies to a new metric",

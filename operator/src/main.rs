@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use topk_operator::builders::Settings;
+use topk_operator::decide;
 use topk_operator::leader::LeaderElector;
 use topk_operator::reconcile::{self, Context};
 use tracing_subscriber::EnvFilter;
@@ -46,6 +47,11 @@ struct Args {
     /// needs Roles in them only. Empty: every namespace (a ClusterRole).
     #[arg(long, env = "TOPK_WATCH_NAMESPACES", value_delimiter = ',')]
     watch_namespaces: Vec<String>,
+    /// Where new TopKMetrics' internal topics go when their spec has no `internalKafka`: the
+    /// same fields as JSON (`{"bootstrapServers": ..., "tls": ..., "authentication": ...}`,
+    /// Secrets read in each metric's namespace). Unset: the input's cluster.
+    #[arg(long, env = "TOPK_INTERNAL_KAFKA")]
+    internal_kafka: Option<String>,
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME", default_value = "topk-operator")]
     identity: String,
@@ -66,7 +72,18 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    let internal_kafka = match args.internal_kafka.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(text) => match decide::internal_kafka_default(text) {
+            Ok(cluster) => Some(cluster),
+            Err(err) => {
+                eprintln!("topk-operator: --internal-kafka: {err}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+    };
     let mut settings = Settings {
+        internal_kafka,
         state_storage: args.state_storage,
         drain: Duration::from_secs(args.drain_seconds),
         rescale_deadline: Duration::from_secs(args.rescale_deadline_seconds),

@@ -20,7 +20,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use topk_api::manifest::DeletionPolicy;
+use topk_api::manifest::{DeletionPolicy, INTERNAL_KAFKA_ANNOTATION};
 use topk_api::{TopKMetric, TopKMetricStatus};
 
 use crate::builders::{self, Names, Settings};
@@ -190,9 +190,10 @@ pub async fn reconcile(metric: Arc<TopKMetric>, ctx: Arc<Context>) -> Result<Act
     result
 }
 
-/// finalize -> observe -> decide -> apply -> status. Deletion is its own path (the finalizer);
-/// otherwise every read happens in `observe`, the pure `decide` says what the cluster and the
-/// status should be, and `act` writes it.
+/// finalize -> record where the internal topics live -> observe -> decide -> apply ->
+/// status. Deletion is its own path (the finalizer); otherwise every read happens in
+/// `observe`, the pure `decide` says what the cluster and the status should be, and `act`
+/// writes it.
 async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, Error> {
     let ns = metric
         .namespace()
@@ -200,6 +201,8 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     if let Some(action) = finalize(metric, &ns, ctx).await? {
         return Ok(action);
     }
+    let recorded = record_internal_kafka(metric, &ns, ctx).await?;
+    let metric = recorded.as_ref().unwrap_or(metric);
     let observation = observe(metric, &ns, ctx).await?;
     let decision = decide::decide(&observation, &ctx.settings)?;
     act(metric, &ns, ctx, decision).await
@@ -213,6 +216,7 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
         metric: metric.clone(),
         now: ctx.now(),
         kafka: None,
+        kafka_secrets: None,
         assignment: None,
         worker_reports: None,
         worker: None,
@@ -223,8 +227,11 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
     if !decide::acts_on(metric) {
         return Ok(observation);
     }
-    observation.kafka = match topics::kafka_properties(&ctx.client, metric, ns).await {
-        Ok(kafka) => ctx.topics.ensure(metric, ns, &kafka).await.err(),
+    observation.kafka = match topics::kafka_credentials(&ctx.client, metric, ns).await {
+        Ok((kafka, secrets)) => {
+            observation.kafka_secrets = Some(secrets);
+            ctx.topics.ensure(metric, ns, &kafka).await.err()
+        }
         Err(problem) => Some(problem),
     };
     if let Some(problem) = &observation.kafka {
@@ -373,6 +380,39 @@ async fn finalize(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Option
         .await?;
     }
     Ok(None)
+}
+
+/// Records on a metric about to be deployed where its internal topics live (see
+/// [`decide::internal_kafka_pin`]); returns the metric as written, when it wrote.
+async fn record_internal_kafka(
+    metric: &TopKMetric,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Option<TopKMetric>, Error> {
+    if decide::internal_kafka_known(metric) || !decide::acts_on(metric) {
+        return Ok(None);
+    }
+    let workers: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), ns);
+    let deployed = workers
+        .get_metadata_opt(&Names::of(&metric.name_any()).worker)
+        .await?
+        .is_some();
+    let default = ctx.settings.internal_kafka.as_ref();
+    let Some(pin) = decide::internal_kafka_pin(metric, default, deployed) else {
+        return Ok(None);
+    };
+    let patch = serde_json::json!({"metadata": {
+        "annotations": {INTERNAL_KAFKA_ANNOTATION: pin},
+        "resourceVersion": metric.resource_version(),
+    }});
+    let written = Api::<TopKMetric>::namespaced(ctx.client.clone(), ns)
+        .patch(
+            &metric.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(Some(written))
 }
 
 /// Server-side applies `obj` unless the live object already carries the hash of this exact

@@ -1,12 +1,13 @@
 //! Kafka topics of a TopKMetric: the input topic must exist with exactly `shards` partitions
 //! (partitions are the logical shards), and the internal topics are created when missing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use topk_api::topics::{InternalTopic, internal_topics};
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use prometheus_client::metrics::counter::Counter;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
@@ -14,8 +15,8 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
-use topk_api::TopKMetric;
 use topk_api::kafka::{KafkaProperties, SecretKey};
+use topk_api::{DataPlaneConfig, KafkaClients, TopKMetric};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an internal topic found or created counts as there without asking the broker
@@ -59,11 +60,22 @@ impl TopicProblem {
         }
     }
 
+    /// The problem, saying it is about the internal topics' cluster at `bootstrap` (when that
+    /// is not the input's, so that the message tells the two apart).
+    fn on_internal_cluster(self, bootstrap: &str) -> Self {
+        let at = |e: String| format!("internal topics' cluster {bootstrap}: {e}");
+        match self {
+            TopicProblem::Authentication(e) => TopicProblem::Authentication(at(e)),
+            TopicProblem::Unreachable(e) => TopicProblem::Unreachable(at(e)),
+            other => other,
+        }
+    }
+
     pub fn message(&self) -> String {
         match self {
             TopicProblem::Credentials(e) => format!("cannot read the Kafka credentials: {e}"),
             TopicProblem::Authentication(e) => format!(
-                "Kafka refused the connection: {e}; check spec.source.kafka.tls and authentication and the Secrets they reference"
+                "Kafka refused the connection: {e}; check the cluster's tls and authentication (spec.source.kafka, or spec.internalKafka for the internal topics) and the Secrets they reference"
             ),
             TopicProblem::Unreachable(e) => format!("cannot reach Kafka: {e}"),
             TopicProblem::InputMissing { topic, shards } => {
@@ -204,19 +216,33 @@ impl Connection {
     }
 }
 
-/// The properties of `metric`'s Kafka clients, with the Secret keys its settings reference
-/// read through the Kubernetes API (the pods read the same keys from their mounted files).
+/// The properties of `metric`'s Kafka clients (input and internal topics), with the Secret
+/// keys their settings reference read through the Kubernetes API (the pods read the same
+/// keys from their mounted files).
 pub async fn kafka_properties(
     client: &kube::Client,
     metric: &TopKMetric,
     namespace: &str,
-) -> Result<KafkaProperties, TopicProblem> {
-    let kafka = &metric.spec.source.kafka;
-    let security = kafka.security();
+) -> Result<KafkaClients, TopicProblem> {
+    kafka_credentials(client, metric, namespace)
+        .await
+        .map(|(properties, _)| properties)
+}
+
+/// [`kafka_properties`] and a version of the Secrets they came from: a hash of their names
+/// and resourceVersions (never of their contents), `""` when no Secret is referenced.
+pub async fn kafka_credentials(
+    client: &kube::Client,
+    metric: &TopKMetric,
+    namespace: &str,
+) -> Result<(KafkaClients, String), TopicProblem> {
+    let kafka = DataPlaneConfig::from_metric(metric)
+        .map_err(|e| TopicProblem::Credentials(e.to_string()))?
+        .kafka;
     let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
     let mut read: HashMap<SecretKey, Result<String, String>> = HashMap::new();
     let mut fetched: HashMap<String, Result<Option<Secret>, String>> = HashMap::new();
-    for key in security.secret_keys() {
+    for key in kafka.secret_keys() {
         if !fetched.contains_key(&key.secret) {
             let secret = secrets
                 .get_opt(&key.secret)
@@ -235,12 +261,29 @@ pub async fn kafka_properties(
         };
         read.insert(key, value);
     }
-    security
-        .properties(&kafka.bootstrap_servers, |key| {
+    let properties = kafka
+        .properties(|key| {
             read.remove(key)
                 .unwrap_or_else(|| Err("not read".to_owned()))
         })
-        .map_err(|e| TopicProblem::Credentials(e.to_string()))
+        .map_err(|e| TopicProblem::Credentials(e.to_string()))?;
+    let versions: BTreeMap<&String, Option<String>> = fetched
+        .iter()
+        .map(|(name, secret)| {
+            let version = secret
+                .as_ref()
+                .ok()
+                .and_then(|s| s.as_ref()?.resource_version());
+            (name, version)
+        })
+        .collect();
+    let version = if versions.is_empty() {
+        String::new()
+    } else {
+        let text = serde_json::to_string(&versions).unwrap_or_default();
+        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+    };
+    Ok((properties, version))
 }
 
 /// Admin clients, one per cluster and credentials, reused across reconciles, and the internal
@@ -287,15 +330,14 @@ impl Admins {
         Ok(client)
     }
 
-    /// Checks the input topic and creates missing internal topics, as a client with `kafka`'s
-    /// properties.
+    /// Checks the input topic and creates missing internal topics, each on its cluster.
     pub async fn ensure(
         &self,
         metric: &TopKMetric,
         namespace: &str,
-        kafka: &KafkaProperties,
+        kafka: &KafkaClients,
     ) -> Result<(), TopicProblem> {
-        let admin = self.get(kafka)?;
+        let admin = self.get(&kafka.input)?;
         let input = metric.spec.source.kafka.topic.clone();
         let shards = metric.spec.shards;
         // Partitions of the input topic; None when it does not exist.
@@ -337,7 +379,15 @@ impl Admins {
             Some(_) => {}
         }
         let name = kube::ResourceExt::name_any(metric);
-        let bootstrap = kafka.bootstrap().to_owned();
+        let bootstrap = kafka.internal.bootstrap().to_owned();
+        let problem = |problem: TopicProblem| {
+            if kafka.internal == kafka.input {
+                problem
+            } else {
+                problem.on_internal_cluster(&bootstrap)
+            }
+        };
+        let admin = self.get(&kafka.internal).map_err(problem)?;
         let wanted: Vec<InternalTopic> = {
             let confirmed = self.confirmed();
             internal_topics(namespace, &name, shards)
@@ -370,7 +420,7 @@ impl Admins {
                 &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
             )
             .await
-            .map_err(|e| admin.problem(&e))?;
+            .map_err(|e| problem(admin.problem(&e)))?;
         self.create_requests.inc();
         let now = Instant::now();
         let settled = settle(results, RDKafkaErrorCode::TopicAlreadyExists)?;
@@ -386,8 +436,9 @@ impl Admins {
         &self,
         metric: &TopKMetric,
         namespace: &str,
-        kafka: &KafkaProperties,
+        kafka: &KafkaClients,
     ) -> Result<(), TopicProblem> {
+        let kafka = &kafka.internal;
         let admin = self.get(kafka)?;
         let name = kube::ResourceExt::name_any(metric);
         let topics = internal_topics(namespace, &name, metric.spec.shards);

@@ -436,3 +436,57 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
     assert!(!keep_claim_templates(&mut same, Some(&d.worker)));
     assert!(!keep_claim_templates(&mut same, None));
 }
+
+#[test]
+fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
+    use topk_operator::builders::{CREDENTIALS_ANNOTATION, stamp_credentials};
+    let metric = fixture();
+    let table = plan(metric.spec.shards, None, 3);
+    let d = desired(
+        &metric,
+        &Rollout::settled(&metric, table),
+        &Settings::default(),
+    )
+    .expect("desired");
+    let stamp = |sts: &k8s_openapi::api::apps::v1::StatefulSet| {
+        let template = sts.spec.as_ref()?.template.metadata.as_ref()?;
+        template
+            .annotations
+            .as_ref()?
+            .get(CREDENTIALS_ANNOTATION)
+            .cloned()
+    };
+
+    // No Secret referenced: no stamp, so metrics without credentials never roll for it.
+    let mut none = d.worker.clone();
+    stamp_credentials(&mut none, None, Some(""));
+    assert_eq!(stamp(&none), None);
+    assert_eq!(
+        hash(&none),
+        hash(&d.worker),
+        "the config hash is not touched"
+    );
+
+    // A version is stamped; a new version is a new pod template.
+    let mut first = d.worker.clone();
+    stamp_credentials(&mut first, None, Some("v1"));
+    assert_eq!(stamp(&first).as_deref(), Some("v1"));
+    let mut rotated = d.worker.clone();
+    stamp_credentials(&mut rotated, Some(&first), Some("v2"));
+    assert_eq!(stamp(&rotated).as_deref(), Some("v2"));
+    assert_ne!(
+        rotated.spec.as_ref().unwrap().template,
+        first.spec.as_ref().unwrap().template
+    );
+
+    // The Secrets could not be read this time: the live stamp stays, nothing rolls.
+    let mut unread = d.worker.clone();
+    stamp_credentials(&mut unread, Some(&first), None);
+    assert_eq!(
+        unread.spec.as_ref().unwrap().template,
+        first.spec.as_ref().unwrap().template
+    );
+    let mut unread_new = d.worker.clone();
+    stamp_credentials(&mut unread_new, None, None);
+    assert_eq!(stamp(&unread_new), None);
+}

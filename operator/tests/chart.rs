@@ -117,6 +117,8 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
         "monitoring.prometheusRule.enabled=true",
         "--set",
         "monitoring.grafanaDashboard.enabled=true",
+        "--set-json",
+        r#"operator.internalKafka={"bootstrapServers":"internal-kafka:9093","tls":{},"authentication":{"type":"scram-sha-512","username":"topk","passwordSecret":{"secretName":"internal-kafka","password":"password"}}}"#,
     ];
     ok(helm(
         &env,
@@ -202,6 +204,23 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
     ] {
         assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
     }
+    // The default internal cluster reaches the operator as an argument its parser takes.
+    let operator = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Deployment"
+                && d["spec"]["template"]["spec"]["containers"][0]["command"][0] == "topk-operator"
+        })
+        .expect("the operator's Deployment");
+    let internal = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|a| a.as_str()?.strip_prefix("--internal-kafka="))
+        .expect("--internal-kafka");
+    let internal = topk_operator::decide::internal_kafka_default(internal).expect("parses");
+    assert_eq!(internal.bootstrap_servers, "internal-kafka:9093");
+    assert_eq!(internal.security().protocol(), "sasl_ssl");
     let dashboard = docs
         .iter()
         .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["labels"]["grafana_dashboard"] == "1")

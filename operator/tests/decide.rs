@@ -326,3 +326,55 @@ fn a_finished_recount_is_summarised_and_the_next_hour_started_with_the_metric_se
         "a summary is announced once"
     );
 }
+
+#[test]
+fn where_internal_topics_live_is_recorded_once_and_a_deployed_metric_stays_on_its_input() {
+    use topk_api::manifest::{INTERNAL_KAFKA_ANNOTATION, INTERNAL_ON_SOURCE, KafkaCluster};
+    use topk_operator::decide::{internal_kafka_default, internal_kafka_pin};
+
+    let default = internal_kafka_default(r#"{"bootstrapServers": "internal:9093", "tls": {}}"#)
+        .expect("a default");
+    let metric = fixture("created.yaml").metric;
+    // A new metric takes the default; one deployed before the record stays where it is.
+    let pin = internal_kafka_pin(&metric, Some(&default), false).expect("a record");
+    let pinned: KafkaCluster = serde_json::from_str(&pin).expect("JSON of the cluster");
+    assert_eq!(pinned, default);
+    assert_eq!(
+        internal_kafka_pin(&metric, Some(&default), true).as_deref(),
+        Some(INTERNAL_ON_SOURCE)
+    );
+    assert_eq!(
+        internal_kafka_pin(&metric, None, false).as_deref(),
+        Some(INTERNAL_ON_SOURCE)
+    );
+    // Recorded, the metric's config follows the record, whatever the default is now.
+    let mut recorded = metric.clone();
+    recorded
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(INTERNAL_KAFKA_ANNOTATION.to_owned(), pin);
+    assert_eq!(internal_kafka_pin(&recorded, None, false), None);
+    let config = topk_api::DataPlaneConfig::from_metric(&recorded).expect("config");
+    let internal = config.kafka.internal.expect("the internal cluster");
+    assert_eq!(internal.bootstrap_servers, "internal:9093");
+    assert_eq!(internal.security.protocol(), "ssl");
+    // The spec's own cluster needs no record.
+    let mut own = metric.clone();
+    own.spec.internal_kafka = Some(default.clone());
+    assert_eq!(internal_kafka_pin(&own, Some(&default), false), None);
+    // A damaged record is an invalid metric, not a silent move to the input's cluster.
+    let mut damaged = metric;
+    damaged
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(INTERNAL_KAFKA_ANNOTATION.to_owned(), "{".to_owned());
+    let err = topk_api::DataPlaneConfig::from_metric(&damaged).expect_err("invalid");
+    assert!(err.to_string().contains(INTERNAL_KAFKA_ANNOTATION), "{err}");
+    // A default that could not work is refused when the operator starts.
+    let refused =
+        internal_kafka_default(r#"{"bootstrapServers": "b:9092", "config": {"group.id": "x"}}"#)
+            .expect_err("group.id cannot be set");
+    assert!(refused.contains("group.id"), "{refused}");
+}

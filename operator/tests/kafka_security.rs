@@ -3,7 +3,7 @@
 //! internal topics; a wrong password and a missing Secret are `Degraded` reasons that say
 //! what to fix, and fixing the Secret recovers without a restart. What the pods get is checked
 //! on the rendered objects: Secret references in the config, never a secret, and the keys
-//! projected where the data plane reads them.
+//! projected where the data plane reads them, and a rotated Secret rolls the pods.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,11 +12,11 @@ mod common;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PodTemplateSpec, Secret};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use topk_api::TopKMetric;
-use topk_operator::builders::Settings;
+use topk_operator::builders::{CREDENTIALS_ANNOTATION, Settings};
 use topk_operator::reconcile::{self, Context};
 use topk_testenv::{KAFKA_USER_SECRET, await_some, metric_manifest_from, unique_name};
 
@@ -170,5 +170,48 @@ async fn secured_brokers_work_and_refused_credentials_say_why() {
         mounted,
         "the Secrets are mounted where the data plane reads them"
     );
+
+    // Pods read the credentials at start: a rotated Secret rolls them, on the next reconcile
+    // (at most five minutes; here a change to the metric asks for it at once).
+    let stamped = template_stamp(&worker_template(&statefulsets, "scram").await);
+    let stamped = stamped.expect("a metric with Secrets has its credentials stamped");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .patch(
+            KAFKA_USER_SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"metadata": {"labels": {"rotated": "once"}}})),
+        )
+        .await
+        .expect("rotate Secret");
+    metrics
+        .patch(
+            "scram",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"metadata": {"annotations": {"touched": "1"}}})),
+        )
+        .await
+        .expect("touch the metric");
+    let rotated = await_some("the rotated Secret's stamp", WAIT, || async {
+        let stamp = template_stamp(&worker_template(&statefulsets, "scram").await)?;
+        (stamp != stamped).then_some(stamp)
+    })
+    .await;
+    assert!(!rotated.is_empty());
     controller.abort();
+}
+
+async fn worker_template(statefulsets: &Api<StatefulSet>, metric: &str) -> PodTemplateSpec {
+    await_some("the workers' pod template", WAIT, || async {
+        let sts = statefulsets
+            .get_opt(&format!("{metric}-worker"))
+            .await
+            .ok()??;
+        Some(sts.spec?.template)
+    })
+    .await
+}
+
+fn template_stamp(template: &PodTemplateSpec) -> Option<String> {
+    let annotations = template.metadata.as_ref()?.annotations.as_ref()?;
+    annotations.get(CREDENTIALS_ANNOTATION).cloned()
 }

@@ -54,7 +54,9 @@ fn main() {
             metric: "bench".into(),
             max_key_bytes: 256,
             config_version: "bench".into(),
-            kafka: topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),
+            kafka: topk_api::KafkaClients::one_cluster(
+                topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),
+            ),
             input_topic: input.clone(),
             topics: TopicNames::of(ns, &name),
             hour_start_ms,

@@ -16,7 +16,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use topk_api::DataPlaneConfig;
-use topk_api::kafka::KafkaProperties;
+use topk_api::KafkaClients;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason, format_rfc3339_ms};
@@ -38,8 +38,8 @@ pub struct RecountSettings {
     pub metric: String,
     pub max_key_bytes: usize,
     pub config_version: String,
-    /// The Kafka cluster and how to connect to it, credentials included.
-    pub kafka: topk_api::kafka::KafkaProperties,
+    /// The Kafka clusters (input, internal topics) and how to connect, credentials included.
+    pub kafka: topk_api::KafkaClients,
     pub input_topic: String,
     pub topics: TopicNames,
     /// Start of the hour, Unix ms (a multiple of an hour).
@@ -57,7 +57,7 @@ pub struct RecountSettings {
 pub fn settings(
     config: &DataPlaneConfig,
     hour_start_ms: i64,
-    kafka: KafkaProperties,
+    kafka: KafkaClients,
 ) -> Result<RecountSettings, Error> {
     if hour_start_ms.rem_euclid(HOUR_MS) != 0 {
         return Err(Error::Config(format!(
@@ -123,10 +123,8 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     let started = Instant::now();
     let hour = format_rfc3339_ms(settings.hour_start_ms);
     let hour_end = settings.hour_start_ms + HOUR_MS;
-    let kafka = topk_runtime::client_config(&settings.kafka);
     let input = InputConsumer::new(
-        kafka
-            .clone()
+        topk_runtime::client_config(&settings.kafka.input)
             .set("group.id", format!("topk-{}-recount", settings.metric))
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
@@ -304,7 +302,7 @@ fn run_id() -> String {
 }
 
 fn producer(settings: &RecountSettings) -> Result<ThreadedProducer<DeliveryCounter>, Error> {
-    Ok(topk_runtime::client_config(&settings.kafka)
+    Ok(topk_runtime::client_config(&settings.kafka.internal)
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
         .create_with_context(DeliveryCounter::default())?)

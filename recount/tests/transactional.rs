@@ -62,7 +62,9 @@ fn a_transactional_hour_is_recounted_to_its_end() {
         metric: "tx".into(),
         max_key_bytes: 256,
         config_version: "test".into(),
-        kafka: topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),
+        kafka: topk_api::KafkaClients::one_cluster(topk_api::kafka::KafkaProperties::plaintext(
+            &env.kafka_bootstrap,
+        )),
         input_topic: input.clone(),
         topics: TopicNames::of(ns, &name),
         hour_start_ms,

@@ -16,8 +16,8 @@ use std::path::Path;
 
 pub use control::ControlPlane;
 pub use error::Error;
-use topk_api::DataPlaneConfig;
 use topk_api::kafka::KafkaProperties;
+use topk_api::{DataPlaneConfig, KafkaClients};
 
 /// Reads the config the operator renders (JSON), or a TopKMetric manifest (YAML), which
 /// becomes the same config.
@@ -27,12 +27,13 @@ pub fn load_config(path: &Path) -> Result<DataPlaneConfig, Error> {
     DataPlaneConfig::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
 }
 
-/// The properties of the metric's Kafka clients, with the credentials its settings reference
-/// read from `secrets_dir` (where the operator mounts them, as `SECRET/KEY`).
+/// The properties of the metric's Kafka clients (input and internal topics), with the
+/// credentials its settings reference read from `secrets_dir` (where the operator mounts
+/// them, as `SECRET/KEY`).
 pub fn kafka_properties(
     config: &DataPlaneConfig,
     secrets_dir: &Path,
-) -> Result<KafkaProperties, Error> {
+) -> Result<KafkaClients, Error> {
     config
         .kafka
         .properties(|key| {

@@ -298,6 +298,17 @@ pub async fn create_metric_topics(
         &[("max.message.bytes", "4194304")],
     )
     .await;
+    create_internal_topics(kafka, namespace, name, shards).await;
+}
+
+/// Creates the internal topics of TopKMetric `name` in `namespace` (with `shards`), as the
+/// operator does, on the broker `kafka` points at; panics on failure (a setup step).
+pub async fn create_internal_topics(
+    kafka: &ClientConfig,
+    namespace: &str,
+    name: &str,
+    shards: u32,
+) {
     for topic in topk_api::topics::internal_topics(namespace, name, shards) {
         let config: &[(&str, &str)] = if topic.compacted {
             &[("cleanup.policy", "compact")]

@@ -133,7 +133,9 @@ windows:
     metric.metadata.namespace = Some("bench".into());
     let config = topk_api::DataPlaneConfig::from_metric(&metric).expect("config");
     let dir = tempfile::tempdir().expect("tempdir");
-    let kafka = topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap);
+    let kafka = topk_api::KafkaClients::one_cluster(topk_api::kafka::KafkaProperties::plaintext(
+        &env.kafka_bootstrap,
+    ));
     let mut settings = topk_worker::settings(&config, 0, kafka).expect("settings");
     settings.state_dir = dir.path().to_owned();
     // More often than the default (5 s), so that checkpoints fall inside the timed stretch.

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{mpsc, watch};
 use topk_api::DataPlaneConfig;
+use topk_api::KafkaClients;
 use topk_api::dataplane::std_duration;
-use topk_api::kafka::KafkaProperties;
 use topk_runtime::probes::{self, Probes};
 use topk_runtime::{ControlPlane, control, shutdown_signal};
 
@@ -26,7 +26,7 @@ pub use worker::{Health, Worker, WorkerSettings};
 pub fn settings(
     config: &DataPlaneConfig,
     ordinal: u32,
-    kafka: KafkaProperties,
+    kafka: KafkaClients,
 ) -> Result<WorkerSettings, Error> {
     let engine = config.engine.clone();
     if ordinal >= engine.shards {

@@ -45,8 +45,8 @@ pub struct WorkerSettings {
     pub engine: EngineConfig,
     /// Hash of the rendered config, stamped on summaries.
     pub config_version: String,
-    /// The Kafka cluster and how to connect to it, credentials included.
-    pub kafka: topk_api::kafka::KafkaProperties,
+    /// The Kafka clusters (input, internal topics) and how to connect, credentials included.
+    pub kafka: topk_api::KafkaClients,
     pub input_topic: String,
     pub topics: TopicNames,
     pub state_dir: PathBuf,
@@ -420,10 +420,9 @@ impl Worker {
         reports: mpsc::UnboundedSender<Report>,
         health: Arc<Health>,
     ) -> Result<Self, Error> {
-        let kafka = topk_runtime::client_config(&settings.kafka);
+        let kafka = topk_runtime::client_config(&settings.kafka.internal);
         // Offsets live in the checkpoints, never in the group; the id is only required.
-        let consumer: BaseConsumer = kafka
-            .clone()
+        let consumer: BaseConsumer = topk_runtime::client_config(&settings.kafka.input)
             .set("group.id", format!("topk-{}-worker", settings.name))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")

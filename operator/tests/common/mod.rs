@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Api, Client};
+use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use topk_api::TopKMetric;
@@ -28,7 +29,12 @@ pub async fn create_topic(env: &TestEnv, name: &str, partitions: i32) {
 
 /// Waits until every internal topic of metric `name` (with `shards`) exists on the broker.
 pub async fn await_internal_topics(env: &TestEnv, ns: &str, name: &str, shards: u32) {
-    let admin: AdminClient<DefaultClientContext> = env.kafka_config().create().expect("admin");
+    await_internal_topics_on(&env.kafka_config(), ns, name, shards).await;
+}
+
+/// [`await_internal_topics`] on the broker `kafka` points at.
+pub async fn await_internal_topics_on(kafka: &ClientConfig, ns: &str, name: &str, shards: u32) {
+    let admin: AdminClient<DefaultClientContext> = kafka.create().expect("admin");
     let internal = topk_api::topics::internal_topics(ns, name, shards);
     topk_testenv::await_some(
         &format!("{name}'s internal topics"),
