@@ -839,6 +839,41 @@ async fn a_metric_on_a_sasl_ssl_listener_counts_exactly_with_secrets_mounted() {
     let mut counts = BTreeMap::new();
     add(&mut counts, &keys);
     await_exact(&cluster, ns, "plays", &counts).await;
+
+    // A rotated Secret rolls the pods (they read credentials at start): a new worker pod
+    // comes up on the new template, and counting goes on exactly.
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let before = pods.get("plays-worker-0").await.expect("worker 0");
+    api.patch(
+        topk_testenv::KAFKA_USER_SECRET,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"labels": {"rotated": "once"}}})),
+    )
+    .await
+    .expect("rotate the Secret");
+    // The operator looks at Secrets on its next reconcile; a change to the metric asks now.
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), ns)
+        .patch(
+            "plays",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"topk.io/rotated": "1"}}})),
+        )
+        .await
+        .expect("touch the metric");
+    await_some("worker 0 rolled onto the rotated Secret", WAIT, || async {
+        let pod = pods.get_opt("plays-worker-0").await.ok()??;
+        (pod.uid() != before.uid() && pod_ready(&pod)).then_some(())
+    })
+    .await;
+    let keys = plays(6);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let events: Vec<(i64, String)> = keys.iter().map(|k| (now, k.clone())).collect();
+    cluster.produce_on(&plain, &topic, &events);
+    add(&mut counts, &keys);
+    await_exact(&cluster, ns, "plays", &counts).await;
 }
 
 #[tokio::test]
