@@ -220,32 +220,48 @@ fn hash_of(value: &impl Serialize) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
 }
 
+/// The metric's name and namespace (`default` for a manifest run outside a cluster).
+fn name_and_namespace(metric: &TopKMetric) -> (String, String) {
+    let name = metric.metadata.name.clone().unwrap_or_default();
+    let namespace = metric
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_owned());
+    (name, namespace)
+}
+
+impl KafkaConfig {
+    /// Where `metric`'s topics are and how to connect to them. Needs no valid counting spec:
+    /// the operator also connects to delete the topics of a metric whose spec is invalid.
+    pub fn of(metric: &TopKMetric) -> Result<Self, ApiError> {
+        let (name, namespace) = name_and_namespace(metric);
+        let source = &metric.spec.source.kafka;
+        Ok(Self {
+            bootstrap_servers: source.bootstrap_servers.clone(),
+            input_topic: source.topic.clone(),
+            topics: TopicNames::of(&namespace, &name),
+            security: source.security(),
+            internal: metric.internal_kafka()?.map(|cluster| ClusterConfig {
+                security: cluster.security(),
+                bootstrap_servers: cluster.bootstrap_servers,
+            }),
+        })
+    }
+}
+
 impl DataPlaneConfig {
     /// The config of `metric`, validated, with every default applied. The namespace defaults
     /// to `default` (a manifest run outside a cluster).
     pub fn from_metric(metric: &TopKMetric) -> Result<Self, ApiError> {
         let spec = &metric.spec;
         let engine = spec.engine_config()?;
-        let name = metric.metadata.name.clone().unwrap_or_default();
-        let namespace = metric
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned());
+        let (name, namespace) = name_and_namespace(metric);
         let workers = spec.workers.as_ref();
         let reducers = spec.reducers.as_ref();
         let recount = spec.recount_settings();
         Ok(Self {
-            kafka: KafkaConfig {
-                bootstrap_servers: spec.source.kafka.bootstrap_servers.clone(),
-                input_topic: spec.source.kafka.topic.clone(),
-                topics: TopicNames::of(&namespace, &name),
-                security: spec.source.kafka.security(),
-                internal: metric.internal_kafka()?.map(|cluster| ClusterConfig {
-                    security: cluster.security(),
-                    bootstrap_servers: cluster.bootstrap_servers,
-                }),
-            },
+            kafka: KafkaConfig::of(metric)?,
             worker: WorkerTiming {
                 checkpoint_interval: workers
                     .and_then(|w| w.checkpoint_interval)

@@ -731,8 +731,7 @@ pub fn recount_job(
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     };
-    let config = DataPlaneConfig::from_metric(metric)?;
-    let mut pod = pod_spec(&names, container, vec![scratch], &config.kafka);
+    let mut pod = pod_spec(&names, container, vec![scratch], &KafkaConfig::of(metric)?);
     pod.restart_policy = Some("Never".to_owned());
     Ok(Job {
         metadata,

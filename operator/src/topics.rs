@@ -15,8 +15,9 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
+use topk_api::dataplane::KafkaConfig;
 use topk_api::kafka::{KafkaProperties, SecretKey};
-use topk_api::{DataPlaneConfig, KafkaClients, TopKMetric};
+use topk_api::{KafkaClients, TopKMetric};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an internal topic found or created counts as there without asking the broker
@@ -236,9 +237,7 @@ pub async fn kafka_credentials(
     metric: &TopKMetric,
     namespace: &str,
 ) -> Result<(KafkaClients, String), TopicProblem> {
-    let kafka = DataPlaneConfig::from_metric(metric)
-        .map_err(|e| TopicProblem::Credentials(e.to_string()))?
-        .kafka;
+    let kafka = KafkaConfig::of(metric).map_err(|e| TopicProblem::Credentials(e.to_string()))?;
     let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
     let mut read: HashMap<SecretKey, Result<String, String>> = HashMap::new();
     let mut fetched: HashMap<String, Result<Option<Secret>, String>> = HashMap::new();
