@@ -197,12 +197,13 @@ fn strings(items: &[&str]) -> Vec<String> {
 
 /// Stamps the Secrets' `version` on the pod template (none when no Secret is referenced).
 /// Unknown this time (the Secrets could not be read), the live StatefulSet's stamp is kept,
-/// so that a failed read rolls nothing.
+/// so that a failed read rolls nothing. Returns whether the live pods were stamped with
+/// another version: the Secrets were rotated and the pods roll for it.
 pub fn stamp_credentials(
     desired: &mut StatefulSet,
     live: Option<&StatefulSet>,
     version: Option<&str>,
-) {
+) -> bool {
     let template_annotations = |sts: &StatefulSet| {
         sts.spec
             .as_ref()?
@@ -214,13 +215,15 @@ pub fn stamp_credentials(
             .get(CREDENTIALS_ANNOTATION)
             .cloned()
     };
+    let before = live.and_then(template_annotations);
     let stamp = match version {
         Some("") => None,
         Some(version) => Some(version.to_owned()),
-        None => live.and_then(template_annotations),
+        None => before.clone(),
     };
+    let rotated = before.is_some() && stamp.is_some() && before != stamp;
     let Some(stamp) = stamp else {
-        return;
+        return false;
     };
     if let Some(spec) = desired.spec.as_mut() {
         spec.template
@@ -230,6 +233,7 @@ pub fn stamp_credentials(
             .get_or_insert_with(Default::default)
             .insert(CREDENTIALS_ANNOTATION.to_owned(), stamp);
     }
+    rotated
 }
 
 /// A Role rule; no `names` means every object of the resource (`create` cannot be limited

@@ -343,7 +343,15 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         (&mut objects.worker, o.worker.as_ref()),
         (&mut objects.reducer, o.reducer.as_ref()),
     ] {
-        builders::stamp_credentials(desired, live, o.kafka_secrets.as_deref());
+        if builders::stamp_credentials(desired, live, o.kafka_secrets.as_deref()) {
+            notes.push(Note::normal(
+                "KafkaCredentialsRotated",
+                format!(
+                    "{}: a Kafka Secret the metric reads changed; its pods roll to read it",
+                    desired.metadata.name.clone().unwrap_or_default()
+                ),
+            ));
+        }
         if builders::keep_claim_templates(desired, live) {
             warnings.push(format!(
                 "{}: a StatefulSet's volumes cannot change once created; the new storage applies to a new metric",

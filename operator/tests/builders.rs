@@ -459,7 +459,7 @@ fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
 
     // No Secret referenced: no stamp, so metrics without credentials never roll for it.
     let mut none = d.worker.clone();
-    stamp_credentials(&mut none, None, Some(""));
+    assert!(!stamp_credentials(&mut none, None, Some("")));
     assert_eq!(stamp(&none), None);
     assert_eq!(
         hash(&none),
@@ -469,10 +469,18 @@ fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
 
     // A version is stamped; a new version is a new pod template.
     let mut first = d.worker.clone();
-    stamp_credentials(&mut first, None, Some("v1"));
+    assert!(
+        !stamp_credentials(&mut first, None, Some("v1")),
+        "a first stamp"
+    );
     assert_eq!(stamp(&first).as_deref(), Some("v1"));
+    let mut same = d.worker.clone();
+    assert!(!stamp_credentials(&mut same, Some(&first), Some("v1")));
     let mut rotated = d.worker.clone();
-    stamp_credentials(&mut rotated, Some(&first), Some("v2"));
+    assert!(
+        stamp_credentials(&mut rotated, Some(&first), Some("v2")),
+        "a rotation"
+    );
     assert_eq!(stamp(&rotated).as_deref(), Some("v2"));
     assert_ne!(
         rotated.spec.as_ref().unwrap().template,
@@ -481,12 +489,12 @@ fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
 
     // The Secrets could not be read this time: the live stamp stays, nothing rolls.
     let mut unread = d.worker.clone();
-    stamp_credentials(&mut unread, Some(&first), None);
+    assert!(!stamp_credentials(&mut unread, Some(&first), None));
     assert_eq!(
         unread.spec.as_ref().unwrap().template,
         first.spec.as_ref().unwrap().template
     );
     let mut unread_new = d.worker.clone();
-    stamp_credentials(&mut unread_new, None, None);
+    assert!(!stamp_credentials(&mut unread_new, None, None));
     assert_eq!(stamp(&unread_new), None);
 }

@@ -197,6 +197,18 @@ async fn secured_brokers_work_and_refused_credentials_say_why() {
     })
     .await;
     assert!(!rotated.is_empty());
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    await_some("the rotation's Event", WAIT, || async {
+        let listed = events.list(&Default::default()).await.ok()?.items;
+        listed
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("KafkaCredentialsRotated")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("scram")
+            })
+            .then_some(())
+    })
+    .await;
     controller.abort();
 }
 
