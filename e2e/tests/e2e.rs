@@ -195,10 +195,7 @@ impl Cluster {
 
     /// Produces `plays` events (one per entry, event time now).
     fn produce(&self, topic: &str, keys: &[String]) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_millis() as i64;
+        let now = now_ms();
         let events: Vec<(i64, String)> = keys
             .iter()
             .enumerate()
@@ -370,6 +367,20 @@ windows:
         .await;
     }
 
+    /// Annotates metric `plays` with a new value: a watch event, so the operator reconciles
+    /// it now.
+    async fn poke(&self, ns: &str) {
+        let value = now_ms().to_string();
+        Api::<TopKMetric>::namespaced(self.client.clone(), ns)
+            .patch(
+                "plays",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"annotations": {"e2e.topk.io/poke": value}}})),
+            )
+            .await
+            .expect("annotate the metric");
+    }
+
     async fn scale(&self, ns: &str, replicas: u32) {
         // `kubectl scale tkm/plays --replicas=N` is a patch of the scale subresource.
         Api::<TopKMetric>::namespaced(self.client.clone(), ns)
@@ -480,6 +491,20 @@ fn top5(counts: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
     all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     all.truncate(5);
     all
+}
+
+/// The wall clock in milliseconds: event times the workers take as current.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+/// `keys` as events played now.
+fn played_now(keys: &[String]) -> Vec<(i64, String)> {
+    let now = now_ms();
+    keys.iter().map(|k| (now, k.clone())).collect()
 }
 
 fn add(counts: &mut BTreeMap<String, u64>, keys: &[String]) {
@@ -771,11 +796,7 @@ async fn a_metric_counts_from_a_broker_outside_the_cluster() {
         .apply_metric_on(&bootstrap, ns, "plays", &topic, 2)
         .await;
     let keys = plays(9);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let events: Vec<(i64, String)> = keys.iter().map(|k| (now, k.clone())).collect();
+    let events = played_now(&keys);
     cluster.produce_on(&bootstrap, &topic, &events);
     let mut counts = BTreeMap::new();
     add(&mut counts, &keys);
@@ -830,11 +851,7 @@ async fn a_metric_on_a_sasl_ssl_listener_counts_exactly_with_secrets_mounted() {
         .create_metric(ns, "plays", &secure.scram_source(&sasl, &topic), spec, &[])
         .await;
     let keys = plays(5);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let events: Vec<(i64, String)> = keys.iter().map(|k| (now, k.clone())).collect();
+    let events = played_now(&keys);
     cluster.produce_on(&plain, &topic, &events);
     let mut counts = BTreeMap::new();
     add(&mut counts, &keys);
@@ -852,25 +869,14 @@ async fn a_metric_on_a_sasl_ssl_listener_counts_exactly_with_secrets_mounted() {
     .await
     .expect("rotate the Secret");
     // The operator looks at Secrets on its next reconcile; a change to the metric asks now.
-    Api::<TopKMetric>::namespaced(cluster.client.clone(), ns)
-        .patch(
-            "plays",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": {"topk.io/rotated": "1"}}})),
-        )
-        .await
-        .expect("touch the metric");
+    cluster.poke(ns).await;
     await_some("worker 0 rolled onto the rotated Secret", WAIT, || async {
         let pod = pods.get_opt("plays-worker-0").await.ok()??;
         (pod.uid() != before.uid() && pod_ready(&pod)).then_some(())
     })
     .await;
     let keys = plays(6);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let events: Vec<(i64, String)> = keys.iter().map(|k| (now, k.clone())).collect();
+    let events = played_now(&keys);
     cluster.produce_on(&plain, &topic, &events);
     add(&mut counts, &keys);
     await_exact(&cluster, ns, "plays", &counts).await;
@@ -981,10 +987,7 @@ async fn an_hourly_recount_advances_exact_until() {
     cluster.create_topic(&topic, 4);
     // Events of an hour two hours back, and a metric that recounts from that hour on
     // (`topk.io/recount-from`), so closed hours exist without waiting for one to close.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
+    let now = now_ms();
     let hour = now.div_euclid(3_600_000) * 3_600_000 - 2 * 3_600_000;
     let keys = plays(6);
     let events: Vec<(i64, String)> = keys
@@ -1096,14 +1099,7 @@ async fn an_unchanged_helm_upgrade_rolls_nothing() {
     // finished (the counter moves after the objects are applied): it would roll what an
     // upgraded operator renders differently.
     let reconciles = cluster.operator_reconciles().await;
-    Api::<TopKMetric>::namespaced(cluster.client.clone(), &ns)
-        .patch(
-            "plays",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": {"e2e.topk.io/poke": "1"}}})),
-        )
-        .await
-        .expect("annotate the metric");
+    cluster.poke(&ns).await;
     await_some("a reconcile after the upgrade", WAIT, || async {
         (cluster.operator_reconciles().await > reconciles).then_some(())
     })
