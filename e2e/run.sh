@@ -60,10 +60,13 @@ case "$mode" in
     kafka_args=(--set "kafka.dev.image=$TOPK_NODE_KAFKA_IMAGE")
     # The test environment's own broker, on the host address pods route to.
     export TOPK_E2E_EXTERNAL_KAFKA="$TOPK_KAFKA_POD_BOOTSTRAP"
-    # Its SASL_SSL listener, and the CA, client certificate and SCRAM password it trusts.
+    # Its SASL_SSL listener, and the CA, client certificate, SCRAM password and OAuth client it
+    # trusts, with the OAuth token endpoint as pods reach it.
     export TOPK_E2E_SASL_KAFKA="$TOPK_KAFKA_POD_SASL_BOOTSTRAP"
     export TOPK_E2E_KAFKA_TLS_DIR="$TOPK_KAFKA_TLS_DIR"
     export TOPK_E2E_SASL_USER="$TOPK_KAFKA_SASL_USER"
+    export TOPK_E2E_OAUTH_CLIENT_ID="$TOPK_KAFKA_OAUTH_CLIENT_ID"
+    export TOPK_E2E_OAUTH_TOKEN_URL="$TOPK_KAFKA_POD_OAUTH_TOKEN_URL"
     export TOPK_E2E_IMAGE_ARCHIVE="$("$ROOT/scripts/testenv.sh" node image-archive)"
     ;;
   *)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build prerequisites of the workspace that cargo cannot fetch: RocksDB (built from source by
-# librocksdb-sys) needs libclang for its bindings, and librdkafka (built from source, with TLS
-# and SASL) needs OpenSSL's headers. Installed from Debian's packages when missing and we may;
+# librocksdb-sys) needs libclang for its bindings, and librdkafka (built from source with CMake,
+# with TLS, SASL and OAuth/OIDC) needs OpenSSL's headers and cmake. Installed from Debian's packages when missing and we may;
 # otherwise says what to install.
 set -euo pipefail
 
@@ -41,9 +41,15 @@ have_openssl() {
   command -v pkg-config >/dev/null && pkg-config --exists openssl
 }
 
+# What the cmake crate (librdkafka's build) runs: $CMAKE, or cmake on the PATH.
+have_cmake() {
+  command -v "${CMAKE:-cmake}" >/dev/null
+}
+
 missing=()
 have_libclang || missing+=(libclang)
 have_openssl || missing+=(openssl)
+have_cmake || missing+=(cmake)
 ((${#missing[@]} == 0)) && exit 0
 
 # Debian package of each missing prerequisite.
@@ -56,6 +62,9 @@ for need in "${missing[@]}"; do
     openssl)
       echo "prereqs: OpenSSL's headers not found through pkg-config (librdkafka's TLS and SASL build against them)"
       debian_packages+=(libssl-dev pkg-config) ;;
+    cmake)
+      echo "prereqs: cmake not found (librdkafka is built with CMake, which links libcurl for OAuth)"
+      debian_packages+=(cmake) ;;
   esac
 done
 if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
@@ -63,7 +72,7 @@ if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -q "${debian_packages[@]}" >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q "${debian_packages[@]}" >/dev/null; }
-  have_libclang && have_openssl && exit 0
+  have_libclang && have_openssl && have_cmake && exit 0
 fi
-echo "prereqs: install them (Debian/Ubuntu: apt-get install ${debian_packages[*]}; macOS: brew install llvm openssl pkg-config) and retry" >&2
+echo "prereqs: install them (Debian/Ubuntu: apt-get install ${debian_packages[*]}; macOS: brew install llvm openssl pkg-config cmake) and retry" >&2
 exit 1

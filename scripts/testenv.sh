@@ -37,6 +37,13 @@ PROVISIONER_BIN="$BIN/provisioner-$(cat "$ROOT/tools/provisioner/"{main.go,go.su
 KAFKA_LIBS="$CACHE/testenv/kafka-$KAFKA_VERSION-$(sha256sum "$ROOT/tools/kafka/pom.xml" | cut -c1-12)"
 RUN="${TOPK_TESTENV_DIR:-$CACHE/testenv/run}"
 ENV_FILE="$RUN/env"
+# The OAUTHBEARER listeners' authorization server: who it issues tokens to and for, and their
+# lifetime, short so that every test longer than a minute sees tokens renewed.
+OAUTH_CLIENT_ID=topk
+OAUTH_ISSUER=topk-testenv-idp
+OAUTH_AUDIENCE=topk-testenv-kafka
+OAUTH_KID=topk-testenv-1
+OAUTH_LIFETIME=60
 
 # Build with the Go on this machine; never fetch another toolchain.
 export GOTOOLCHAIN=local
@@ -202,15 +209,20 @@ apiserver_ready() {
 # TLS material of the broker's secured listeners, under $RUN/kafka-tls: a CA of its own
 # (ca.crt), the broker's key and certificate for 127.0.0.1 and the node's address (broker.pem,
 # PKCS#8 key then certificate, as Kafka's PEM keystore reads it), a client certificate signed
-# by the same CA for mutual TLS (client.crt, client.key) and the SASL user's password.
-# $1: the node address or empty.
+# by the same CA for mutual TLS (client.crt, client.key) and the SASL user's password. For
+# OAUTHBEARER: the token endpoint's certificate (idp.crt, idp.key, same CA), the key it signs
+# tokens with (oauth-signing.key), its JWKS for the broker (jwks.json) and the OAuth client's
+# secret (oauth-client-secret). $1: the node address or empty.
 make_kafka_tls() {
   local host="$1" d="$RUN/kafka-tls" san="IP:127.0.0.1,DNS:localhost" who
   [[ -n "$host" ]] && san+=",IP:$host"
   mkdir -p "$d"
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=topk-testenv-kafka-ca" \
     -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
-  for who in broker client; do
+  openssl genrsa -out "$d/oauth-signing.key" 2048 2>/dev/null
+  python3 "$ROOT/scripts/oauth-token-server.py" jwks "$d/oauth-signing.key" "$OAUTH_KID" >"$d/jwks.json"
+  openssl rand -hex 16 >"$d/oauth-client-secret"
+  for who in broker client idp; do
     openssl req -newkey rsa:2048 -nodes -subj "/CN=topk-testenv-$who" \
       -keyout "$d/$who.key" -out "$d/$who.csr" 2>/dev/null
     printf 'subjectAltName=%s\n' "$san" >"$d/$who.ext"
@@ -224,7 +236,7 @@ make_kafka_tls() {
 # Kafka on 127.0.0.1 for the host's tests and, with the node, on HOST_IP for pods ($1: the
 # host address or empty). Besides PLAINTEXT it listens with TLS (SSL; a client certificate is
 # its CA is required) and with SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN for
-# user `topk`); pods get a plaintext and a SASL_SSL listener. Prints the plaintext, pod, TLS,
+# user `topk`; OAUTHBEARER with tokens from the test environment's token endpoint); pods get a plaintext and a SASL_SSL listener. Prints the plaintext, pod, TLS,
 # SASL_SSL and pod SASL_SSL ports.
 start_kafka() {
   local host="$1" port controller pod_port tls_port sasl_port pod_sasl_port cluster_id listeners advertised
@@ -246,6 +258,8 @@ start_kafka() {
   password="$(cat "$tls/sasl-password")"
   scram='org.apache.kafka.common.security.scram.ScramLoginModule required;'
   plain="org.apache.kafka.common.security.plain.PlainLoginModule required user_topk=\"$password\";"
+  local oauth='org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;'
+  local oauth_validator=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler
   mkdir -p "$RUN/kafka"
   cat >"$RUN/kafka/server.properties" <<EOF
 process.roles=broker,controller
@@ -261,7 +275,10 @@ ssl.keystore.location=$tls/broker.pem
 ssl.truststore.type=PEM
 ssl.truststore.location=$tls/ca.crt
 listener.name.ssl.ssl.client.auth=required
-sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN,OAUTHBEARER
+sasl.oauthbearer.jwks.endpoint.url=file://$tls/jwks.json
+sasl.oauthbearer.expected.issuer=$OAUTH_ISSUER
+sasl.oauthbearer.expected.audience=$OAUTH_AUDIENCE
 log.dirs=$RUN/kafka/data
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -280,6 +297,10 @@ EOF
       echo "listener.name.$listener.scram-sha-512.sasl.jaas.config=$scram"
       echo "listener.name.$listener.scram-sha-256.sasl.jaas.config=$scram"
       echo "listener.name.$listener.plain.sasl.jaas.config=$plain"
+      echo "listener.name.$listener.oauthbearer.sasl.jaas.config=$oauth"
+      echo "listener.name.$listener.oauthbearer.sasl.server.callback.handler.class=$oauth_validator"
+      # Sessions end with their token: clients must fetch new tokens and re-authenticate.
+      echo "listener.name.$listener.oauthbearer.connections.max.reauth.ms=$((OAUTH_LIFETIME * 1000))"
     } >>"$RUN/kafka/server.properties"
   done
   cat >"$RUN/kafka/log4j2.properties" <<'EOF'
@@ -291,7 +312,9 @@ appender.console.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.stdout.ref = STDOUT
 EOF
+  # Kafka 4 reads an OAuth URL (here the JWKS file) only when it is allowed explicitly.
   local java=(java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
+    "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=file://$tls/jwks.json"
     "-Dlog4j2.configurationFile=$RUN/kafka/log4j2.properties" -cp "$KAFKA_LIBS/*")
   cluster_id="$("${java[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"
   # SCRAM credentials live in the cluster metadata: added when the storage is formatted.
@@ -369,6 +392,17 @@ cmd_up() {
 
   wait_for kafka 120 "$RUN/kafka.log" tcp_open "$kafka_port"
 
+  # The OAuth token endpoint of the OAUTHBEARER listeners, for the host and for pods.
+  local oauth_port tls="$RUN/kafka-tls" listen=(--listen 127.0.0.1)
+  oauth_port="$(free_port)"
+  [[ -n "$node_ip" ]] && listen+=(--listen "$node_ip")
+  start oauth-token-server python3 "$ROOT/scripts/oauth-token-server.py" serve \
+    --signing-key "$tls/oauth-signing.key" --kid "$OAUTH_KID" --cert "$tls/idp.crt" --key "$tls/idp.key" \
+    --client-id "$OAUTH_CLIENT_ID" --client-secret-file "$tls/oauth-client-secret" \
+    --issuer "$OAUTH_ISSUER" --audience "$OAUTH_AUDIENCE" --lifetime "$OAUTH_LIFETIME" \
+    --port "$oauth_port" "${listen[@]}"
+  wait_for oauth-token-server 30 "$RUN/oauth-token-server.log" tcp_open "$oauth_port"
+
   cat >"$ENV_FILE" <<EOF
 # Written by scripts/testenv.sh up; source it to reach the test environment.
 export TOPK_TESTENV_ENV_FILE=$ENV_FILE
@@ -378,6 +412,8 @@ export TOPK_KAFKA_TLS_BOOTSTRAP=127.0.0.1:$kafka_tls_port
 export TOPK_KAFKA_SASL_BOOTSTRAP=127.0.0.1:$kafka_sasl_port
 export TOPK_KAFKA_TLS_DIR=$RUN/kafka-tls
 export TOPK_KAFKA_SASL_USER=topk
+export TOPK_KAFKA_OAUTH_CLIENT_ID=$OAUTH_CLIENT_ID
+export TOPK_KAFKA_OAUTH_TOKEN_URL=https://127.0.0.1:$oauth_port/token
 export TOPK_KUBECONFIG=$RUN/kubeconfig
 export TOPK_KUBE_VERSION=$KUBE_VERSION
 export TOPK_HELM=$HELM_BIN/helm
@@ -389,6 +425,7 @@ EOF
 export TOPK_TESTENV_NODE_IP=$node_ip
 export TOPK_KAFKA_POD_BOOTSTRAP=$node_ip:$kafka_pod_port
 export TOPK_KAFKA_POD_SASL_BOOTSTRAP=$node_ip:$kafka_pod_sasl_port
+export TOPK_KAFKA_POD_OAUTH_TOKEN_URL=https://$node_ip:$oauth_port/token
 EOF
   fi
   log "up: kafka 127.0.0.1:$kafka_port, kube-apiserver https://$host:$api_port ($KUBE_VERSION), helm $HELM_VERSION"
@@ -419,7 +456,7 @@ stop_ours() {
 cmd_down() {
   cmd_node_down
   local name
-  for name in kube-controller-manager kube-apiserver etcd kafka; do
+  for name in kube-controller-manager kube-apiserver etcd kafka oauth-token-server; do
     stop_ours "$name"
   done
   node_network_down
@@ -443,7 +480,7 @@ show_processes() {
 
 cmd_status() {
   local ok=0
-  show_processes kafka etcd kube-apiserver kube-controller-manager || ok=1
+  show_processes kafka oauth-token-server etcd kube-apiserver kube-controller-manager || ok=1
   [[ -f "$ENV_FILE" ]] && cat "$ENV_FILE"
   return "$ok"
 }

@@ -46,7 +46,11 @@ pub const ALLOWED_CLIENT_PROPERTIES: &[&str] = &[
 ];
 
 /// librdkafka properties whose values are credentials: never shown.
-const SENSITIVE_PROPERTIES: &[&str] = &["sasl.password", "ssl.key.pem"];
+const SENSITIVE_PROPERTIES: &[&str] = &[
+    "sasl.password",
+    "ssl.key.pem",
+    "sasl.oauthbearer.client.secret",
+];
 
 /// TLS to the brokers. `tls: {}` trusts the system's CAs (public CAs, as managed clouds use).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -80,24 +84,56 @@ pub enum AuthenticationType {
     /// Mutual TLS: a client certificate and key.
     #[serde(rename = "tls")]
     Tls,
+    /// SASL OAUTHBEARER with tokens from an OAuth 2 / OIDC token endpoint (client
+    /// credentials grant), as MSK, Confluent Cloud and Strimzi with Keycloak use.
+    #[serde(rename = "oauth")]
+    Oauth,
 }
 
 impl AuthenticationType {
+    /// The name a spec uses.
+    fn name(self) -> &'static str {
+        match self {
+            AuthenticationType::ScramSha512 => "scram-sha-512",
+            AuthenticationType::ScramSha256 => "scram-sha-256",
+            AuthenticationType::Plain => "plain",
+            AuthenticationType::Tls => "tls",
+            AuthenticationType::Oauth => "oauth",
+        }
+    }
+
     fn sasl_mechanism(self) -> Option<&'static str> {
         match self {
             AuthenticationType::ScramSha512 => Some("SCRAM-SHA-512"),
             AuthenticationType::ScramSha256 => Some("SCRAM-SHA-256"),
             AuthenticationType::Plain => Some("PLAIN"),
+            AuthenticationType::Oauth => Some("OAUTHBEARER"),
             AuthenticationType::Tls => None,
         }
+    }
+
+    /// Whether this type signs in with a username and a password.
+    fn takes_password(self) -> bool {
+        matches!(
+            self,
+            AuthenticationType::ScramSha512
+                | AuthenticationType::ScramSha256
+                | AuthenticationType::Plain
+        )
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(
-    validation = Rule::new("self.type == 'tls' ? has(self.certificateAndKey) && !has(self.username) && !has(self.passwordSecret) : has(self.username) && has(self.passwordSecret) && !has(self.certificateAndKey)")
-        .message("type tls takes certificateAndKey; the SASL types (scram-sha-512, scram-sha-256, plain) take username and passwordSecret")
+    validation = Rule::new("(self.type == 'tls') == has(self.certificateAndKey)")
+        .message("type tls takes certificateAndKey, and only type tls does"),
+    validation = Rule::new("(self.type == 'oauth') == (has(self.clientId) && has(self.clientSecret) && has(self.tokenEndpointUri))")
+        .message("type oauth takes clientId, clientSecret and tokenEndpointUri, and only type oauth does"),
+    validation = Rule::new("self.type == 'oauth' || (!has(self.scope) && !has(self.tlsTrustedCertificates))")
+        .message("scope and tlsTrustedCertificates belong to type oauth"),
+    validation = Rule::new("(self.type in ['scram-sha-512', 'scram-sha-256', 'plain']) == (has(self.username) && has(self.passwordSecret))")
+        .message("the password types (scram-sha-512, scram-sha-256, plain) take username and passwordSecret, and only they do")
 )]
 pub struct KafkaAuthentication {
     #[serde(rename = "type")]
@@ -111,6 +147,35 @@ pub struct KafkaAuthentication {
     /// The client certificate and key (`tls`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_and_key: Option<CertificateAndKey>,
+    /// The OAuth client's id (`oauth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// The OAuth client's secret (`oauth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<GenericSecret>,
+    /// The authorization server's token endpoint (`oauth`), `https://` (or `http://` inside a
+    /// trusted network). The clients fetch tokens from it with the client credentials grant and
+    /// fetch new ones before they expire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_endpoint_uri: Option<String>,
+    /// The scope to ask the token endpoint for (`oauth`; space-separated); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// CA certificates (PEM) the token endpoint's certificate must chain to (`oauth`); the
+    /// system's CAs when absent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_trusted_certificates: Vec<CertificateSecret>,
+}
+
+/// One key of a Secret, e.g. an OAuth client secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GenericSecret {
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// The Secret's key holding the value.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -222,7 +287,8 @@ impl KafkaSecurity {
         };
         let tls_at = format!("{at}.tls");
         let at = format!("{at}.authentication");
-        if auth.kind == AuthenticationType::Tls {
+        let kind = auth.kind;
+        if kind == AuthenticationType::Tls {
             if self.tls.is_none() {
                 problems.push(format!(
                     "{at}: type tls authenticates with a client certificate over TLS; set {tls_at} too"
@@ -231,23 +297,62 @@ impl KafkaSecurity {
             if auth.certificate_and_key.is_none() {
                 problems.push(format!("{at}: type tls needs certificateAndKey"));
             }
-            if auth.username.is_some() || auth.password_secret.is_some() {
-                problems.push(format!(
-                    "{at}: type tls takes no username or passwordSecret"
-                ));
-            }
-        } else {
+        } else if auth.certificate_and_key.is_some() {
+            problems.push(format!("{at}: certificateAndKey belongs to type tls"));
+        }
+        if kind.takes_password() {
             if auth.username.as_deref().is_none_or(|u| u.trim().is_empty()) {
-                problems.push(format!("{at}: a SASL type needs username"));
+                problems.push(format!("{at}: type {} needs username", kind.name()));
             }
             if auth.password_secret.is_none() {
-                problems.push(format!("{at}: a SASL type needs passwordSecret"));
+                problems.push(format!("{at}: type {} needs passwordSecret", kind.name()));
             }
-            if auth.certificate_and_key.is_some() {
+        } else if auth.username.is_some() || auth.password_secret.is_some() {
+            problems.push(format!(
+                "{at}: username and passwordSecret belong to types scram-sha-512, scram-sha-256 and plain, not {}",
+                kind.name()
+            ));
+        }
+        if kind == AuthenticationType::Oauth {
+            if auth
+                .client_id
+                .as_deref()
+                .is_none_or(|c| c.trim().is_empty())
+            {
+                problems.push(format!("{at}: type oauth needs clientId"));
+            }
+            if auth.client_secret.is_none() {
+                problems.push(format!("{at}: type oauth needs clientSecret"));
+            }
+            match auth.token_endpoint_uri.as_deref() {
+                None => problems.push(format!("{at}: type oauth needs tokenEndpointUri")),
+                Some(uri) if !(uri.starts_with("https://") || uri.starts_with("http://")) => {
+                    problems.push(format!(
+                        "{at}.tokenEndpointUri: {uri:?} is not an https:// (or http://) URL"
+                    ))
+                }
+                Some(_) => {}
+            }
+            // The scope goes into the token request's form body as it is.
+            if auth
+                .scope
+                .as_deref()
+                .is_some_and(|s| s.contains(['&', '=']))
+            {
                 problems.push(format!(
-                    "{at}: certificateAndKey belongs to type tls; SASL types use username and passwordSecret"
+                    "{at}.scope: scopes are space-separated names; '&' and '=' are not allowed"
                 ));
             }
+        } else if auth.client_id.is_some()
+            || auth.client_secret.is_some()
+            || auth.token_endpoint_uri.is_some()
+            || auth.scope.is_some()
+            || !auth.tls_trusted_certificates.is_empty()
+        {
+            problems.push(format!(
+                "{at}: clientId, clientSecret, tokenEndpointUri, scope and tlsTrustedCertificates belong to type oauth, not {}",
+                kind.name()
+            ));
         }
         problems
     }
@@ -270,6 +375,14 @@ impl KafkaSecurity {
                 keys.push(SecretKey::new(&c.secret_name, &c.certificate));
                 keys.push(SecretKey::new(&c.secret_name, &c.key));
             }
+            if let Some(c) = &auth.client_secret {
+                keys.push(SecretKey::new(&c.secret_name, &c.key));
+            }
+            keys.extend(
+                auth.tls_trusted_certificates
+                    .iter()
+                    .map(|c| SecretKey::new(&c.secret_name, &c.certificate)),
+            );
         }
         keys.sort();
         keys.dedup();
@@ -295,33 +408,53 @@ impl KafkaSecurity {
         properties.insert("bootstrap.servers".to_owned(), bootstrap.to_owned());
         properties.insert("security.protocol".to_owned(), self.protocol().to_owned());
         if let Some(tls) = &self.tls {
-            if tls.trusted_certificates.is_empty() {
-                properties.insert("ssl.ca.location".to_owned(), "probe".to_owned());
-            } else {
-                let mut bundle = String::new();
-                for cert in &tls.trusted_certificates {
-                    let pem = read(SecretKey::new(&cert.secret_name, &cert.certificate))?;
-                    bundle.push_str(pem.trim_end());
-                    bundle.push('\n');
-                }
-                properties.insert("ssl.ca.pem".to_owned(), bundle);
-            }
+            match pem_bundle(&tls.trusted_certificates, &mut read)? {
+                Some(bundle) => properties.insert("ssl.ca.pem".to_owned(), bundle),
+                None => properties.insert("ssl.ca.location".to_owned(), "probe".to_owned()),
+            };
         }
         if let Some(auth) = &self.authentication {
             if let Some(mechanism) = auth.kind.sasl_mechanism() {
                 properties.insert("sasl.mechanism".to_owned(), mechanism.to_owned());
-                properties.insert(
-                    "sasl.username".to_owned(),
-                    auth.username.clone().unwrap_or_default(),
-                );
+            }
+            if let Some(username) = &auth.username {
+                properties.insert("sasl.username".to_owned(), username.clone());
             }
             if let Some(p) = &auth.password_secret {
                 let password = read(SecretKey::new(&p.secret_name, &p.password))?;
-                // A trailing newline from `echo pw > file` is not part of the password.
+                properties.insert("sasl.password".to_owned(), one_line(&password));
+            }
+            if auth.kind == AuthenticationType::Oauth {
+                // librdkafka's built-in OIDC client: it fetches a token with the client
+                // credentials grant before connecting and a new one before each expires.
+                properties.insert("sasl.oauthbearer.method".to_owned(), "oidc".to_owned());
+                let oauth = [
+                    ("sasl.oauthbearer.client.id", &auth.client_id),
+                    (
+                        "sasl.oauthbearer.token.endpoint.url",
+                        &auth.token_endpoint_uri,
+                    ),
+                    ("sasl.oauthbearer.scope", &auth.scope),
+                ];
+                for (name, value) in oauth {
+                    if let Some(value) = value {
+                        properties.insert(name.to_owned(), value.clone());
+                    }
+                }
+            }
+            if let Some(c) = &auth.client_secret {
+                let secret = read(SecretKey::new(&c.secret_name, &c.key))?;
                 properties.insert(
-                    "sasl.password".to_owned(),
-                    password.trim_end_matches(['\r', '\n']).to_owned(),
+                    "sasl.oauthbearer.client.secret".to_owned(),
+                    one_line(&secret),
                 );
+            }
+            if auth.kind == AuthenticationType::Oauth {
+                let bundle = pem_bundle(&auth.tls_trusted_certificates, &mut read)?;
+                match bundle {
+                    Some(bundle) => properties.insert("https.ca.pem".to_owned(), bundle),
+                    None => properties.insert("https.ca.location".to_owned(), "probe".to_owned()),
+                };
             }
             if let Some(c) = &auth.certificate_and_key {
                 let certificate = read(SecretKey::new(&c.secret_name, &c.certificate))?;
@@ -332,6 +465,28 @@ impl KafkaSecurity {
         }
         Ok(KafkaProperties(properties))
     }
+}
+
+/// A secret as one line: a trailing newline from `echo value > file` is not part of it.
+fn one_line(value: &str) -> String {
+    value.trim_end_matches(['\r', '\n']).to_owned()
+}
+
+/// The certificates, read and joined into one PEM bundle; `None` for none (the system's CAs).
+fn pem_bundle(
+    certificates: &[CertificateSecret],
+    read: &mut impl FnMut(SecretKey) -> Result<String, CredentialError>,
+) -> Result<Option<String>, CredentialError> {
+    if certificates.is_empty() {
+        return Ok(None);
+    }
+    let mut bundle = String::new();
+    for cert in certificates {
+        let pem = read(SecretKey::new(&cert.secret_name, &cert.certificate))?;
+        bundle.push_str(pem.trim_end());
+        bundle.push('\n');
+    }
+    Ok(Some(bundle))
 }
 
 /// The librdkafka properties of one Kafka client, credentials included. Its `Debug` never
@@ -354,6 +509,19 @@ impl KafkaProperties {
 
     pub fn bootstrap(&self) -> &str {
         self.0.get("bootstrap.servers").map_or("", String::as_str)
+    }
+
+    /// `text` (an error from a client made with these properties) with every credential's
+    /// value replaced: librdkafka's configuration errors quote the value they refuse.
+    pub fn redact(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (name, value) in &self.0 {
+            let value = value.trim();
+            if SENSITIVE_PROPERTIES.contains(&name.as_str()) && !value.is_empty() {
+                text = text.replace(value, "[redacted]");
+            }
+        }
+        text
     }
 
     /// Equal for equal properties: a client made from one set serves any equal set.
@@ -381,6 +549,21 @@ impl fmt::Debug for KafkaProperties {
 mod tests {
     use super::*;
 
+    /// Authentication of `kind` with nothing set.
+    fn bare(kind: AuthenticationType) -> KafkaAuthentication {
+        KafkaAuthentication {
+            kind,
+            username: None,
+            password_secret: None,
+            certificate_and_key: None,
+            client_id: None,
+            client_secret: None,
+            token_endpoint_uri: None,
+            scope: None,
+            tls_trusted_certificates: Vec::new(),
+        }
+    }
+
     fn scram() -> KafkaSecurity {
         KafkaSecurity {
             tls: Some(KafkaTls {
@@ -396,13 +579,12 @@ mod tests {
                 ],
             }),
             authentication: Some(KafkaAuthentication {
-                kind: AuthenticationType::ScramSha512,
                 username: Some("topk".into()),
                 password_secret: Some(PasswordSecret {
                     secret_name: "topk-user".into(),
                     password: "password".into(),
                 }),
-                certificate_and_key: None,
+                ..bare(AuthenticationType::ScramSha512)
             }),
             config: BTreeMap::from([("client.rack".into(), "zone-a".into())]),
         }
@@ -415,6 +597,8 @@ mod tests {
             ("topk-user", "password") => Ok("s3cret\n".into()),
             ("topk-user", "user.crt") => Ok("CERT".into()),
             ("topk-user", "user.key") => Ok("KEY".into()),
+            ("oauth-client", "secret") => Ok("client-s3cret\n".into()),
+            ("idp-ca", "ca.crt") => Ok("IDPCA".into()),
             _ => Err("no such key".into()),
         }
     }
@@ -447,14 +631,12 @@ mod tests {
         let security = KafkaSecurity {
             tls: Some(KafkaTls::default()),
             authentication: Some(KafkaAuthentication {
-                kind: AuthenticationType::Tls,
-                username: None,
-                password_secret: None,
                 certificate_and_key: Some(CertificateAndKey {
                     secret_name: "topk-user".into(),
                     certificate: "user.crt".into(),
                     key: "user.key".into(),
                 }),
+                ..bare(AuthenticationType::Tls)
             }),
             config: BTreeMap::new(),
         };
@@ -494,10 +676,8 @@ mod tests {
         assert!(problems[1].contains("needs username"));
         let tls_without_tls = KafkaSecurity {
             authentication: Some(KafkaAuthentication {
-                kind: AuthenticationType::Tls,
                 username: Some("x".into()),
-                password_secret: None,
-                certificate_and_key: None,
+                ..bare(AuthenticationType::Tls)
             }),
             ..Default::default()
         };
@@ -508,5 +688,95 @@ mod tests {
                 .is_err()
         );
         assert_eq!(KafkaSecurity::default().protocol(), "plaintext");
+    }
+
+    fn oauth() -> KafkaSecurity {
+        KafkaSecurity {
+            tls: Some(KafkaTls::default()),
+            authentication: Some(KafkaAuthentication {
+                client_id: Some("topk".into()),
+                client_secret: Some(GenericSecret {
+                    secret_name: "oauth-client".into(),
+                    key: "secret".into(),
+                }),
+                token_endpoint_uri: Some("https://idp.example/token".into()),
+                scope: Some("kafka".into()),
+                tls_trusted_certificates: vec![CertificateSecret {
+                    secret_name: "idp-ca".into(),
+                    certificate: "ca.crt".into(),
+                }],
+                ..bare(AuthenticationType::Oauth)
+            }),
+            config: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn oauth_uses_librdkafkas_oidc_client_with_the_secret_and_the_idps_ca() {
+        let props = oauth().properties("b:9093", files).unwrap();
+        let map: BTreeMap<&str, &str> = props.iter().collect();
+        assert_eq!(map["security.protocol"], "sasl_ssl");
+        assert_eq!(map["sasl.mechanism"], "OAUTHBEARER");
+        assert_eq!(map["sasl.oauthbearer.method"], "oidc");
+        assert_eq!(map["sasl.oauthbearer.client.id"], "topk");
+        assert_eq!(map["sasl.oauthbearer.client.secret"], "client-s3cret");
+        assert_eq!(
+            map["sasl.oauthbearer.token.endpoint.url"],
+            "https://idp.example/token"
+        );
+        assert_eq!(map["sasl.oauthbearer.scope"], "kafka");
+        assert_eq!(map["https.ca.pem"], "IDPCA\n");
+        assert_eq!(map["ssl.ca.location"], "probe");
+        assert!(!map.contains_key("sasl.username"));
+        assert!(!format!("{props:?}").contains("client-s3cret"));
+        assert_eq!(
+            props.redact("invalid value \"client-s3cret\" for sasl.oauthbearer.client.secret"),
+            "invalid value \"[redacted]\" for sasl.oauthbearer.client.secret"
+        );
+        assert_eq!(
+            oauth().secret_keys(),
+            vec![
+                SecretKey::new("idp-ca", "ca.crt"),
+                SecretKey::new("oauth-client", "secret"),
+            ]
+        );
+
+        let mut system_cas = oauth();
+        let auth = system_cas.authentication.as_mut().unwrap();
+        auth.tls_trusted_certificates.clear();
+        auth.scope = None;
+        let props = system_cas.properties("b:9093", files).unwrap();
+        let map: BTreeMap<&str, &str> = props.iter().collect();
+        assert_eq!(map["https.ca.location"], "probe");
+        assert!(!map.contains_key("sasl.oauthbearer.scope"));
+    }
+
+    #[test]
+    fn oauth_settings_that_cannot_work_say_which_field() {
+        let mut security = oauth();
+        let auth = security.authentication.as_mut().unwrap();
+        auth.token_endpoint_uri = Some("idp.example/token".into());
+        auth.scope = Some("kafka&grant_type=password".into());
+        auth.client_secret = None;
+        auth.username = Some("topk".into());
+        let problems = security.problems("spec.source.kafka");
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(
+            problems[0].contains("belong to types scram-sha-512"),
+            "{problems:?}"
+        );
+        assert!(problems[1].contains("needs clientSecret"), "{problems:?}");
+        assert!(problems[2].contains("is not an https://"), "{problems:?}");
+        assert!(problems[3].contains("'&' and '='"), "{problems:?}");
+
+        let mut scram_with_oauth_fields = scram();
+        scram_with_oauth_fields
+            .authentication
+            .as_mut()
+            .unwrap()
+            .client_id = Some("topk".into());
+        let problems = scram_with_oauth_fields.problems("spec.source.kafka");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("belong to type oauth, not scram-sha-512"));
     }
 }

@@ -64,7 +64,7 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
         .expect("the documented manifest is accepted");
     assert_eq!(created.spec.shards, 4);
 
-    let cases: [(&str, Edit, &str); 4] = [
+    let cases: [(&str, Edit, &str); 6] = [
         (
             "bucket-7s",
             |m| m.replace("bucket: 10s", "bucket: 7s"),
@@ -89,6 +89,28 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
                 )
             },
             "a sliding window needs both length and bucket",
+        ),
+        (
+            "oauth-without-endpoint",
+            |m| {
+                m.replace(
+                    "topic: api-events}",
+                    "topic: api-events, tls: {}, authentication: {type: oauth, clientId: topk, \
+                     clientSecret: {secretName: idp, key: secret}}}",
+                )
+            },
+            "type oauth takes clientId, clientSecret and tokenEndpointUri",
+        ),
+        (
+            "scram-with-scope",
+            |m| {
+                m.replace(
+                    "topic: api-events}",
+                    "topic: api-events, authentication: {type: scram-sha-512, username: topk, \
+                     passwordSecret: {secretName: u, password: p}, scope: kafka}}",
+                )
+            },
+            "scope and tlsTrustedCertificates belong to type oauth",
         ),
     ];
     for (name, edit, message) in cases {

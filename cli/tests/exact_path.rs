@@ -1,7 +1,8 @@
 //! The exact path end to end on the test environment's broker, every data-plane client over
-//! its SASL_SSL listener (SCRAM-SHA-512, the CA and password read from Secret files as the pods
-//! mount them): three closed hours of events through two `topk worker` processes and a
-//! `topk reducer`, then `topk recount` hour by hour.
+//! its SASL_SSL listener with credentials read from Secret files as the pods mount them: the
+//! input with SCRAM-SHA-512, the internal topics (`internalKafka`) with OAUTHBEARER (tokens
+//! from the test environment's OAuth token endpoint). Three closed hours of events through
+//! two `topk worker` processes and a `topk reducer`, then `topk recount` hour by hour.
 //! The 24h and all-time lists move from streaming estimates to the exact counts, `exactUntil`
 //! advances one hour per recount, and each recounted hour's streaming 1h list is graded: the
 //! hour with re-delivered events (same `event_id`, counted twice by the streaming path, once
@@ -28,12 +29,14 @@ const REDELIVERED: u64 = 100;
 
 fn manifest(name: &str, env: &TestEnv, topic: &str) -> String {
     let secure = &env.secure_kafka;
+    let internal = secure.oauth_cluster(&secure.sasl_bootstrap, &secure.oauth_token_url);
     metric_manifest_from(
         name,
         "plays",
         &secure.scram_source(&secure.sasl_bootstrap, topic),
         &format!(
             r#"
+internalKafka: {{{internal}}}
 shards: {SHARDS}
 k: {K}
 mode: approximate
@@ -110,6 +113,11 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     assert!(
         !rendered.contains(&env.secure_kafka.password()),
         "the rendered config holds the password: {rendered}"
+    );
+    let client_secret = env.secure_kafka.file("oauth-client-secret");
+    assert!(
+        rendered.contains("oauth") && !rendered.contains(client_secret.trim()),
+        "the rendered config names the OAuth client's Secret, never its value: {rendered}"
     );
     let secrets = dir.path().join("kafka-secrets");
     env.secure_kafka.write_secret_files(&secrets);

@@ -823,6 +823,10 @@ async fn a_metric_on_a_sasl_ssl_listener_counts_exactly_with_secrets_mounted() {
             .expect("TOPK_E2E_KAFKA_TLS_DIR")
             .into(),
         user: std::env::var("TOPK_E2E_SASL_USER").expect("TOPK_E2E_SASL_USER"),
+        oauth_client_id: std::env::var("TOPK_E2E_OAUTH_CLIENT_ID")
+            .expect("TOPK_E2E_OAUTH_CLIENT_ID"),
+        oauth_token_url: std::env::var("TOPK_E2E_OAUTH_TOKEN_URL")
+            .expect("TOPK_E2E_OAUTH_TOKEN_URL"),
     };
     let scenario = cluster.scenario("sasl").await;
     let ns = scenario.ns.as_str();
@@ -845,10 +849,15 @@ async fn a_metric_on_a_sasl_ssl_listener_counts_exactly_with_secrets_mounted() {
             .await
             .expect("create Secret");
     }
-    let spec = "shards: 4\nk: 5\nworkers: {replicas: 2, idleTimeout: 2s}\nallowedLateness: 2s\n\
-                windows:\n  - {name: all, allTime: true, bucket: 10s}";
+    // The internal topics through the same listener with OAUTHBEARER: tokens from the test
+    // environment's token endpoint, which expire after a minute, so the pods renew them.
+    let spec = format!(
+        "internalKafka: {{{}}}\nshards: 4\nk: 5\nworkers: {{replicas: 2, idleTimeout: 2s}}\n\
+         allowedLateness: 2s\nwindows:\n  - {{name: all, allTime: true, bucket: 10s}}",
+        secure.oauth_cluster(&sasl, &secure.oauth_token_url)
+    );
     cluster
-        .create_metric(ns, "plays", &secure.scram_source(&sasl, &topic), spec, &[])
+        .create_metric(ns, "plays", &secure.scram_source(&sasl, &topic), &spec, &[])
         .await;
     let keys = plays(5);
     let events = played_now(&keys);

@@ -261,8 +261,11 @@ pub async fn kafka_credentials(
         read.insert(key, value);
     }
     let properties = kafka
+        // A key may serve twice (one CA for the brokers and the token endpoint, one Secret
+        // for both clusters): look up, never take.
         .properties(|key| {
-            read.remove(key)
+            read.get(key)
+                .cloned()
                 .unwrap_or_else(|| Err("not read".to_owned()))
         })
         .map_err(|e| TopicProblem::Credentials(e.to_string()))?;
@@ -318,7 +321,7 @@ impl Admins {
         }
         let mut config = topk_runtime::client_config(kafka);
         config.set("socket.timeout.ms", "5000");
-        let invalid = |e: KafkaError| TopicProblem::Credentials(e.to_string());
+        let invalid = |e: KafkaError| TopicProblem::Credentials(kafka.redact(&e.to_string()));
         let client = std::sync::Arc::new(Connection {
             admin: config.create().map_err(invalid)?,
             probe: config

@@ -1,7 +1,8 @@
 //! The operator's Kafka client on the test broker's secured listeners, with credentials from
-//! Secrets read through the real apiserver: SCRAM-SHA-512 over TLS and mutual TLS create the
-//! internal topics; a wrong password and a missing Secret are `Degraded` reasons that say
-//! what to fix, and fixing the Secret recovers without a restart. What the pods get is checked
+//! Secrets read through the real apiserver: SCRAM-SHA-512 over TLS, mutual TLS and
+//! OAUTHBEARER (tokens from the test environment's OAuth token endpoint) create the internal
+//! topics; a wrong password, a wrong OAuth client secret and a missing Secret are `Degraded`
+//! reasons that say what to fix, and fixing the Secret recovers without a restart. What the pods get is checked
 //! on the rendered objects: Secret references in the config, never a secret, and the keys
 //! projected where the data plane reads them, and a rotated Secret rolls the pods.
 
@@ -75,10 +76,28 @@ async fn secured_brokers_work_and_refused_credentials_say_why() {
         create_secret(&client, &ns, secret, data).await;
     }
     create_secret(&client, &ns, "wrong-user", &[("password", "wrong".into())]).await;
+    create_secret(
+        &client,
+        &ns,
+        "wrong-client",
+        &[("oauth-client-secret", "wrong".into())],
+    )
+    .await;
 
     let scram = secure.scram_source(&secure.sasl_bootstrap, &input);
     create_metric(&client, &ns, "scram", &scram).await;
     create_metric(&client, &ns, "mtls", &secure.mutual_tls_source(&input)).await;
+    let oauth = format!(
+        "{}, topic: {input}",
+        secure.oauth_cluster(&secure.sasl_bootstrap, &secure.oauth_token_url)
+    );
+    create_metric(&client, &ns, "oauth", &oauth).await;
+    let oauth_refused = oauth.replace(
+        &format!("secretName: {KAFKA_USER_SECRET}, key: oauth-client-secret"),
+        "secretName: wrong-client, key: oauth-client-secret",
+    );
+    assert_ne!(oauth_refused, oauth);
+    create_metric(&client, &ns, "oauth-refused", &oauth_refused).await;
     let refused = scram.replace(
         &format!("secretName: {KAFKA_USER_SECRET}, password"),
         "secretName: wrong-user, password",
@@ -96,9 +115,21 @@ async fn secured_brokers_work_and_refused_credentials_say_why() {
     };
     let controller = tokio::spawn(reconcile::run(Context::new(client.clone(), settings)));
 
-    // SCRAM-SHA-512 over TLS and mutual TLS both reach the broker: the topics are created.
+    // SCRAM-SHA-512 over TLS, mutual TLS and OAUTHBEARER reach the broker: the topics are
+    // created.
     common::await_internal_topics(&env, &ns, "scram", 2).await;
     common::await_internal_topics(&env, &ns, "mtls", 2).await;
+    common::await_internal_topics(&env, &ns, "oauth", 2).await;
+
+    // The token endpoint refuses a wrong client secret: no token, no connection, and the
+    // reason says so.
+    let (reason, message) = await_some("refused OAuth client", WAIT, || async {
+        degraded(&metrics, "oauth-refused")
+            .await
+            .filter(|(r, _)| r == "KafkaAuthenticationFailed")
+    })
+    .await;
+    assert!(message.contains("OAUTHBEARER token"), "{reason}: {message}");
 
     // A wrong password and a missing Secret are told apart, each with what to fix.
     let (reason, message) = await_some("refused credentials", WAIT, || async {

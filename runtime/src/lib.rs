@@ -34,14 +34,32 @@ pub fn kafka_properties(
     config: &DataPlaneConfig,
     secrets_dir: &Path,
 ) -> Result<KafkaClients, Error> {
-    config
+    let clients = config
         .kafka
         .properties(|key| {
             let path = secrets_dir.join(key.path());
             std::fs::read_to_string(&path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))
         })
-        .map_err(|e| Error::Config(format!("Kafka credentials: {e}")))
+        .map_err(|e| Error::Config(format!("Kafka credentials: {e}")))?;
+    for properties in [&clients.input, &clients.internal] {
+        check_client_config(properties)?;
+    }
+    Ok(clients)
+}
+
+/// Whether librdkafka takes every property (a value it refuses, or a feature this build lacks),
+/// said at start with no credential in the message: librdkafka's refusals quote the value.
+pub fn check_client_config(properties: &KafkaProperties) -> Result<(), Error> {
+    client_config(properties)
+        .create_native_config()
+        .map(drop)
+        .map_err(|e| {
+            Error::Config(format!(
+                "Kafka client settings: {}",
+                properties.redact(&e.to_string())
+            ))
+        })
 }
 
 /// A librdkafka config with `properties` set: every client of the metric starts from it.

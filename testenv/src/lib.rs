@@ -65,15 +65,20 @@ pub struct TestEnv {
 }
 
 /// The broker's secured listeners: mutual TLS, and SASL_SSL with SCRAM-SHA-512,
-/// SCRAM-SHA-256 and PLAIN for one user; certificates from the test environment's own CA.
+/// SCRAM-SHA-256 and PLAIN for one user and OAUTHBEARER with tokens from the test
+/// environment's token endpoint; certificates from the test environment's own CA.
 #[derive(Debug, Clone)]
 pub struct SecureKafka {
     /// Mutual TLS: a client certificate signed by the CA is required.
     pub tls_bootstrap: String,
     pub sasl_bootstrap: String,
-    /// `ca.crt`, `client.crt`, `client.key` and `sasl-password`.
+    /// `ca.crt`, `client.crt`, `client.key`, `sasl-password` and `oauth-client-secret`.
     pub tls_dir: PathBuf,
     pub user: String,
+    /// The OAuth client the token endpoint knows.
+    pub oauth_client_id: String,
+    /// The token endpoint (HTTPS, its certificate from the same CA) as the host reaches it.
+    pub oauth_token_url: String,
 }
 
 /// Secret names the secured sources below reference.
@@ -90,12 +95,18 @@ impl SecureKafka {
         self.file("sasl-password").trim().to_owned()
     }
 
-    /// The Secrets' data as (Secret, key, value): the CA, the user's password (`password`)
-    /// and client certificate and key (`user.crt`, `user.key`).
+    /// The Secrets' data as (Secret, key, value): the CA, the user's password (`password`),
+    /// client certificate and key (`user.crt`, `user.key`) and OAuth client secret
+    /// (`oauth-client-secret`).
     pub fn secret_data(&self) -> Vec<(&'static str, &'static str, String)> {
         vec![
             (KAFKA_CA_SECRET, "ca.crt", self.file("ca.crt")),
             (KAFKA_USER_SECRET, "password", self.password()),
+            (
+                KAFKA_USER_SECRET,
+                "oauth-client-secret",
+                self.file("oauth-client-secret"),
+            ),
             (KAFKA_USER_SECRET, "user.crt", self.file("client.crt")),
             (KAFKA_USER_SECRET, "user.key", self.file("client.key")),
         ]
@@ -118,6 +129,22 @@ impl SecureKafka {
              authentication: {{type: scram-sha-512, username: {}, \
              passwordSecret: {{secretName: {KAFKA_USER_SECRET}, password: password}}}}",
             self.user
+        )
+    }
+
+    /// A cluster's connection settings (flow YAML, without braces: `spec.internalKafka`, or
+    /// `spec.source.kafka` with a topic added) for OAUTHBEARER over TLS on `bootstrap` (the
+    /// SASL_SSL listener), with tokens from `token_url` (the endpoint as the client reaches it),
+    /// whose certificate the same CA signed.
+    pub fn oauth_cluster(&self, bootstrap: &str, token_url: &str) -> String {
+        format!(
+            "bootstrapServers: \"{bootstrap}\", \
+             tls: {{trustedCertificates: [{{secretName: {KAFKA_CA_SECRET}, certificate: ca.crt}}]}}, \
+             authentication: {{type: oauth, clientId: {}, tokenEndpointUri: \"{token_url}\", \
+             clientSecret: {{secretName: {KAFKA_USER_SECRET}, key: oauth-client-secret}}, \
+             scope: kafka, \
+             tlsTrustedCertificates: [{{secretName: {KAFKA_CA_SECRET}, certificate: ca.crt}}]}}",
+            self.oauth_client_id
         )
     }
 
@@ -206,6 +233,8 @@ impl TestEnv {
                 sasl_bootstrap: get("TOPK_KAFKA_SASL_BOOTSTRAP")?,
                 tls_dir: PathBuf::from(get("TOPK_KAFKA_TLS_DIR")?),
                 user: get("TOPK_KAFKA_SASL_USER")?,
+                oauth_client_id: get("TOPK_KAFKA_OAUTH_CLIENT_ID")?,
+                oauth_token_url: get("TOPK_KAFKA_OAUTH_TOKEN_URL")?,
             },
         })
     }
