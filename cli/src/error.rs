@@ -30,4 +30,6 @@ pub enum CliError {
     Reducer(#[from] topk_reducer::Error),
     #[error("recount: {0}")]
     Recount(#[from] topk_recount::Error),
+    #[error("ingest gateway: {0}")]
+    Gateway(#[from] topk_gateway::Error),
 }

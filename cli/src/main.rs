@@ -3,6 +3,7 @@
 mod dataplane;
 mod demo;
 mod error;
+mod gateway;
 mod ingest;
 mod metrics;
 mod produce;
@@ -46,6 +47,8 @@ enum Command {
     Recount(recount::RecountArgs),
     /// Send JSON-lines events to a Kafka input topic, keyed and stamped as topk expects.
     Produce(produce::ProduceArgs),
+    /// Take events over HTTP (`POST /v1/events`) and produce them to the metric's input topic.
+    Ingest(gateway::IngestArgs),
     /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
     Crd {
         /// Print the Helm chart's template instead (gated by `crds.install`, kept on uninstall).
@@ -76,6 +79,7 @@ async fn main() -> std::process::ExitCode {
         Command::Reducer(args) => reducer::reducer(args).await,
         Command::Recount(args) => recount::recount(args).await,
         Command::Produce(args) => produce::produce(args).await,
+        Command::Ingest(args) => gateway::ingest(args).await,
         Command::Crd { helm } => if helm {
             topk_api::crd::crd_helm_template()
         } else {

@@ -153,8 +153,9 @@ impl Pipeline {
     }
 }
 
-/// The checks every counting path makes on a parsed event before counting it.
-pub(crate) fn check_event(
+/// The checks every counting path makes on a parsed event before counting it (the ingest
+/// gateway makes them with no watermark: lateness is for the workers to judge).
+pub fn check_event(
     cfg: &EngineConfig,
     event: &Event<'_>,
     now_ms: i64,
