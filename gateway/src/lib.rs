@@ -31,10 +31,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Serialize;
 use topk_api::DataPlaneConfig;
 use topk_api::kafka::KafkaProperties;
-use topk_engine::EngineConfig;
 use topk_engine::event::parse_event;
 use topk_engine::partition::message_key;
 use topk_engine::pipeline::check_event;
+use topk_engine::{EngineConfig, RejectReason};
 use topk_runtime::probes::{self, Probes};
 
 pub use body::{BodyError, BodyFormat, events};
@@ -230,6 +230,10 @@ impl Gateway {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     queue_full = true;
                 }
+                // Within the parser's 1 MiB but over the producer's `message.max.bytes`.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                    outcomes[index] = Outcome::Rejected(RejectReason::OversizeEvent.as_str());
+                }
                 Err((err, _)) => {
                     tracing::warn!(%err, "event not queued");
                     outcomes[index] = Outcome::Failed;
@@ -239,6 +243,10 @@ impl Gateway {
         for (index, delivery) in queued {
             outcomes[index] = match delivery.await {
                 Ok(Ok(_)) => Outcome::Accepted,
+                Ok(Err((
+                    KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                    _,
+                ))) => Outcome::Rejected(RejectReason::OversizeEvent.as_str()),
                 Ok(Err((err, _))) => {
                     tracing::warn!(%err, "event not delivered");
                     Outcome::Failed

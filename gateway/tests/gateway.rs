@@ -170,6 +170,14 @@ async fn events_reach_their_shards_and_bad_ones_are_answered_with_the_workers_re
         ]
     );
 
+    // Within the parser's 1 MiB but over what a Kafka record may hold: a bad event too.
+    let padded = json!({"metric": "plays", "key": "big", "event_time": now,
+                        "pad": "x".repeat(1_020_000)})
+    .to_string();
+    let (status, _, answer) = post(&url, "application/x-ndjson", padded).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["errors"][0]["reason"], "oversize_event", "{answer}");
+
     // A JSON array works the same way.
     let array = format!(
         "[{}, {}]",
