@@ -9,6 +9,9 @@
 #                         node up; what CI runs): the image is made from the workspace's build
 #                         and imported, the dev Kafka's image is the one the node built
 #   e2e/run.sh down       delete the kind cluster
+#
+# Arguments after the mode go to the test binary: `e2e/run.sh testenv sasl` runs the
+# scenarios whose names contain `sasl`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CLUSTER=topk-e2e
@@ -16,6 +19,7 @@ NS=topk-system
 RELEASE=topk
 IMAGE=ghcr.io/topk-io/topk
 mode="${1:-kind}"
+shift || true
 
 case "$mode" in
   down)
@@ -86,4 +90,4 @@ export TOPK_E2E_RELEASE="$RELEASE"
 export TOPK_E2E_CHART="$ROOT/charts/topk-operator"
 export TOPK_E2E_HELM_ARGS="${helm_args[*]}"
 cd "$ROOT"
-cargo test --locked --workspace --test e2e -- --test-threads=1 --nocapture
+cargo test --locked --workspace --test e2e -- --test-threads=1 --nocapture "$@"
