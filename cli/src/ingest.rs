@@ -2,7 +2,6 @@
 //! Shared by `topk run` (lines from a file or stdin) and `topk demo` (generated lines).
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use topk_engine::pipeline::Published;
 use topk_engine::{IngestOutcome, Pipeline, RejectReason};
@@ -10,11 +9,7 @@ use topk_engine::{IngestOutcome, Pipeline, RejectReason};
 use crate::metrics::WindowLabel;
 use crate::server::AppState;
 
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub use topk_runtime::now_ms;
 
 pub struct Ingestor {
     pipeline: Pipeline,

@@ -18,7 +18,7 @@ mod metrics;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -35,6 +35,7 @@ use topk_engine::event::parse_event;
 use topk_engine::partition::message_key;
 use topk_engine::pipeline::check_event;
 use topk_engine::{EngineConfig, RejectReason};
+use topk_runtime::now_ms;
 use topk_runtime::probes::{self, Probes};
 
 pub use body::{BodyError, BodyFormat, events};
@@ -163,12 +164,6 @@ struct Gateway {
     producer: FutureProducer,
     metrics: Metrics,
     ready: AtomicBool,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Gateway {

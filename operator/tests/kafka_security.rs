@@ -53,10 +53,13 @@ async fn create_metric(client: &Client, ns: &str, name: &str, kafka_source: &str
         .expect("create TopKMetric");
 }
 
-/// The reason of the metric's `Degraded=True` condition, with its message.
-async fn degraded(metrics: &Api<TopKMetric>, name: &str) -> Option<(String, String)> {
-    let c = common::condition(metrics, name, "Degraded").await?;
-    (c.status == "True").then_some((c.reason, c.message))
+/// The message of the metric's `Degraded=True` condition, once its reason is `reason`.
+async fn await_degraded(metrics: &Api<TopKMetric>, name: &str, reason: &str) -> String {
+    await_some(&format!("{name} Degraded with {reason}"), WAIT, || async {
+        let c = common::condition(metrics, name, "Degraded").await?;
+        (c.status == "True" && c.reason == reason).then_some(c.message)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -123,28 +126,13 @@ async fn secured_brokers_work_and_refused_credentials_say_why() {
 
     // The token endpoint refuses a wrong client secret: no token, no connection, and the
     // reason says so.
-    let (reason, message) = await_some("refused OAuth client", WAIT, || async {
-        degraded(&metrics, "oauth-refused")
-            .await
-            .filter(|(r, _)| r == "KafkaAuthenticationFailed")
-    })
-    .await;
-    assert!(message.contains("OAUTHBEARER token"), "{reason}: {message}");
+    let message = await_degraded(&metrics, "oauth-refused", "KafkaAuthenticationFailed").await;
+    assert!(message.contains("OAUTHBEARER token"), "{message}");
 
     // A wrong password and a missing Secret are told apart, each with what to fix.
-    let (reason, message) = await_some("refused credentials", WAIT, || async {
-        degraded(&metrics, "refused")
-            .await
-            .filter(|(r, _)| r == "KafkaAuthenticationFailed")
-    })
-    .await;
-    assert!(message.contains("Authentication"), "{reason}: {message}");
-    let (_, message) = await_some("unreadable credentials", WAIT, || async {
-        degraded(&metrics, "unreadable")
-            .await
-            .filter(|(r, _)| r == "KafkaCredentialsUnavailable")
-    })
-    .await;
+    let message = await_degraded(&metrics, "refused", "KafkaAuthenticationFailed").await;
+    assert!(message.contains("Authentication"), "{message}");
+    let message = await_degraded(&metrics, "unreadable", "KafkaCredentialsUnavailable").await;
     assert!(
         message.contains("\"absent\"") && message.contains("no such Secret"),
         "{message}"

@@ -25,6 +25,7 @@ use crate::hours::{Hours, Ingested};
 use crate::metrics::{MissingLabel, ReducerMetrics, WindowLabel};
 use crate::state::{Publication, ReducerConfig, ReducerState};
 use crate::store::{Meta, RankingStore, Retention};
+pub(crate) use topk_runtime::now_ms;
 
 /// A long window's lists and the end of their exact run.
 type Composed = (Vec<Ranking>, Option<i64>);
@@ -108,12 +109,6 @@ pub struct Reducer {
     /// Per composable window, its last publication as merged from the summaries, composed
     /// again when an hour in it becomes exact.
     last_streaming: BTreeMap<usize, Publication>,
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Opens the ranking store and loads every pointed list into a new [`Served`], so a restarted

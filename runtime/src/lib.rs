@@ -62,6 +62,13 @@ pub fn check_client_config(properties: &KafkaProperties) -> Result<(), Error> {
         })
 }
 
+/// The wall clock in milliseconds since the epoch (0 before it).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// A librdkafka config with `properties` set: every client of the metric starts from it.
 pub fn client_config(properties: &KafkaProperties) -> rdkafka::ClientConfig {
     let mut config = rdkafka::ClientConfig::new();

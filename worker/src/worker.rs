@@ -34,6 +34,7 @@ use crate::metrics::{
 };
 use topk_runtime::control::Report;
 use topk_runtime::input::{InputConsumer, InputMessage};
+use topk_runtime::now_ms;
 use topk_runtime::output::{DeliveryCounter, send};
 
 /// Everything a worker needs to know, resolved from its flags and the rendered config.
@@ -406,12 +407,6 @@ const BATCH: usize = 64;
 const DEAD_LETTER_PAYLOAD_BYTES: usize = 512 * 1024;
 /// How long a checkpoint waits for the broker to acknowledge earlier output.
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 impl Worker {
     pub fn new(
