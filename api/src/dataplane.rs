@@ -43,6 +43,28 @@ pub struct DataPlaneConfig {
     pub recount: RecountConfig,
     /// Read live by the reducers: changing it restarts nothing.
     pub deny: DenySource,
+    /// The ingest gateway's request limits.
+    #[serde(default)]
+    pub ingest: IngestLimits,
+}
+
+/// What one `POST /v1/events` to the ingest gateway may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IngestLimits {
+    /// Largest request body, in bytes; larger requests get 413.
+    pub max_request_bytes: usize,
+    /// Most events in one request; more get 413.
+    pub max_events_per_request: usize,
+}
+
+impl Default for IngestLimits {
+    fn default() -> Self {
+        Self {
+            max_request_bytes: 8 << 20,
+            max_events_per_request: 10_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +125,15 @@ impl KafkaConfig {
             None => input.clone(),
         };
         Ok(KafkaClients { input, internal })
+    }
+
+    /// The input's cluster alone: what the ingest gateway, which never touches the internal
+    /// topics, connects with (and the only Secrets it is given).
+    pub fn input_only(&self) -> Self {
+        Self {
+            internal: None,
+            ..self.clone()
+        }
     }
 
     /// Every Secret key the clients of both clusters read, sorted, each once.
@@ -206,6 +237,8 @@ struct Rollout<'a> {
     worker: Option<&'a WorkerTiming>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reducer: Option<&'a ReducerTuning>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ingest: Option<&'a IngestLimits>,
 }
 
 /// The pods whose template carries a rollout hash.
@@ -213,6 +246,8 @@ struct Rollout<'a> {
 pub enum Component {
     Worker,
     Reducer,
+    /// The ingest gateway: it produces to the input topic and never touches the internal ones.
+    Ingest,
 }
 
 fn hash_of(value: &impl Serialize) -> String {
@@ -293,6 +328,18 @@ impl DataPlaneConfig {
                 grace: Duration::from_millis(recount.grace_ms),
                 max_in_memory: recount.max_in_memory,
             },
+            ingest: {
+                let ingest = spec.ingest.as_ref();
+                let defaults = IngestLimits::default();
+                IngestLimits {
+                    max_request_bytes: ingest
+                        .and_then(|i| i.max_request_bytes)
+                        .map_or(defaults.max_request_bytes, |b| b as usize),
+                    max_events_per_request: ingest
+                        .and_then(|i| i.max_events_per_request)
+                        .map_or(defaults.max_events_per_request, |n| n as usize),
+                }
+            },
             deny: DenySource {
                 keys: spec.deny_keys.clone(),
                 config_map: spec
@@ -345,6 +392,7 @@ impl DataPlaneConfig {
             kafka: &contract,
             worker: None,
             reducer: None,
+            ingest: None,
         })
     }
 
@@ -352,13 +400,21 @@ impl DataPlaneConfig {
     /// and must restart for. The recount settings (read by each Job when it starts) and the
     /// deny list (read live) are not in it, nor is the other component's tuning.
     pub fn rollout_hash(&self, component: Component) -> String {
+        let input_only;
+        let kafka = if component == Component::Ingest {
+            input_only = self.kafka.input_only();
+            &input_only
+        } else {
+            &self.kafka
+        };
         hash_of(&Rollout {
             name: &self.name,
             namespace: &self.namespace,
             engine: &self.engine,
-            kafka: &self.kafka,
+            kafka,
             worker: (component == Component::Worker).then_some(&self.worker),
             reducer: (component == Component::Reducer).then_some(&self.reducer),
+            ingest: (component == Component::Ingest).then_some(&self.ingest),
         })
     }
 }
@@ -388,186 +444,183 @@ mod tests {
     }
 
     const BOTH: &[Component] = &[Component::Worker, Component::Reducer];
+    /// The input's contract: the gateway checks events and produces with it too.
+    const ALL: &[Component] = &[Component::Worker, Component::Reducer, Component::Ingest];
 
     /// Every spec field, the change the test makes to it (a JSON pointer into [`full_spec`]
     /// and a new value), and where it must go.
     fn routes() -> Vec<(&'static str, &'static str, Value, Route)> {
         use Route::*;
         vec![
-            ("metric", "/metric", json!("other"), Restarts(BOTH)),
+            ("metric", "/metric", json!("other"), Restarts(ALL)),
             (
                 "source.kafka.bootstrapServers",
                 "/source/kafka/bootstrapServers",
                 json!("b:9092"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.topic",
                 "/source/kafka/topic",
                 json!("other"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.tls.trustedCertificates[].secretName",
                 "/source/kafka/tls/trustedCertificates/0/secretName",
                 json!("other-ca"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.tls.trustedCertificates[].certificate",
                 "/source/kafka/tls/trustedCertificates/0/certificate",
                 json!("other.crt"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.type",
                 "/source/kafka/authentication/type",
                 json!("scram-sha-256"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.username",
                 "/source/kafka/authentication/username",
                 json!("other"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.passwordSecret.secretName",
                 "/source/kafka/authentication/passwordSecret/secretName",
                 json!("other"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.passwordSecret.password",
                 "/source/kafka/authentication/passwordSecret/password",
                 json!("other"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.certificateAndKey.secretName",
                 "/source/kafka/authentication",
                 json!({"type": "tls", "certificateAndKey": {"secretName": "u", "certificate": "c", "key": "k"}}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.certificateAndKey.certificate",
                 "/source/kafka/authentication",
                 json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "c", "key": "k"}}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.certificateAndKey.key",
                 "/source/kafka/authentication",
                 json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "user.crt", "key": "k"}}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.clientId",
                 "/source/kafka/authentication",
                 json!({"type": "oauth", "clientId": "other", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.clientSecret.secretName",
                 "/source/kafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "other", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.clientSecret.key",
                 "/source/kafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "other"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.tokenEndpointUri",
                 "/source/kafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://other/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.scope",
                 "/source/kafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "other", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.tlsTrustedCertificates[].secretName",
                 "/source/kafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "other", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.authentication.tlsTrustedCertificates[].certificate",
                 "/source/kafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "other.crt"}]}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "source.kafka.config",
                 "/source/kafka/config/client.rack",
                 json!("zone-b"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
-            ("shards", "/shards", json!(8), Restarts(BOTH)),
-            ("k", "/k", json!(20), Restarts(BOTH)),
-            ("mode", "", json!(null), Restarts(BOTH)),
+            ("shards", "/shards", json!(8), Restarts(ALL)),
+            ("k", "/k", json!(20), Restarts(ALL)),
+            ("mode", "", json!(null), Restarts(ALL)),
             (
                 "sketch.epsilon",
                 "/sketch/epsilon",
                 json!(0.002),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
-            ("sketch.delta", "/sketch/delta", json!(0.02), Restarts(BOTH)),
+            ("sketch.delta", "/sketch/delta", json!(0.02), Restarts(ALL)),
             (
                 "sketch.candidates",
                 "/sketch/candidates",
                 json!(60),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "allowedLateness",
                 "/allowedLateness",
                 json!("2m"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "maxFutureSkew",
                 "/maxFutureSkew",
                 json!("6m"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
-            ("maxKeyBytes", "/maxKeyBytes", json!(200), Restarts(BOTH)),
-            (
-                "maxScopeBytes",
-                "/maxScopeBytes",
-                json!(200),
-                Restarts(BOTH),
-            ),
-            ("maxScopes", "/maxScopes", json!(20), Restarts(BOTH)),
+            ("maxKeyBytes", "/maxKeyBytes", json!(200), Restarts(ALL)),
+            ("maxScopeBytes", "/maxScopeBytes", json!(200), Restarts(ALL)),
+            ("maxScopes", "/maxScopes", json!(20), Restarts(ALL)),
             (
                 "windows[].name",
                 "/windows/0/name",
                 json!("hour"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "windows[].length",
                 "/windows/0/length",
                 json!("2h"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "windows[].bucket",
                 "/windows/0/bucket",
                 json!("2m"),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "windows[].allTime",
                 "/windows/1",
                 json!({"name": "all", "length": "2h", "bucket": "1h"}),
-                Restarts(BOTH),
+                Restarts(ALL),
             ),
             (
                 "workers.replicas",
@@ -610,6 +663,48 @@ mod tests {
                 "/reducers/replicas",
                 json!(2),
                 OperatorOnly("the StatefulSet's replicas"),
+            ),
+            (
+                "ingest.replicas",
+                "/ingest/replicas",
+                json!(3),
+                OperatorOnly("the Deployment's replicas"),
+            ),
+            (
+                "ingest.maxRequestBytes",
+                "/ingest/maxRequestBytes",
+                json!(4096),
+                Restarts(&[Component::Ingest]),
+            ),
+            (
+                "ingest.maxEventsPerRequest",
+                "/ingest/maxEventsPerRequest",
+                json!(7),
+                Restarts(&[Component::Ingest]),
+            ),
+            (
+                "ingest.resources.requests",
+                "/ingest/resources/requests/cpu",
+                json!("2"),
+                OperatorOnly("the pods' resources"),
+            ),
+            (
+                "ingest.resources.limits",
+                "/ingest/resources/limits/memory",
+                json!("3Gi"),
+                OperatorOnly("the pods' resources"),
+            ),
+            (
+                "ingest.resources.claims[].name",
+                "/ingest/resources/claims/0/name",
+                json!("other"),
+                OperatorOnly("the pods' resources"),
+            ),
+            (
+                "ingest.resources.claims[].request",
+                "/ingest/resources/claims/0/request",
+                json!("other"),
+                OperatorOnly("the pods' resources"),
             ),
             (
                 "reducers.keepVersions",
@@ -905,6 +1000,8 @@ mod tests {
             "reducers": {"replicas": 1, "keepVersions": 100, "keepFor": "24h", "staleAfter": "2m",
                          "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "2Gi"}, "claims": [{"name": "gpu", "request": "a"}]},
                          "storage": {"size": "1Gi", "storageClassName": "fast"}},
+            "ingest": {"replicas": 2, "maxRequestBytes": 65536, "maxEventsPerRequest": 100,
+                       "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}, "claims": [{"name": "gpu", "request": "a"}]}},
             "internalKafka": {
                 "bootstrapServers": "internal:9093",
                 "tls": {"trustedCertificates": [{"secretName": "internal-ca", "certificate": "ca.crt"}]},
@@ -976,8 +1073,9 @@ mod tests {
                 *spec.pointer_mut(pointer).expect(pointer) = value;
                 config(&spec)
             };
-            let restarts: Vec<Component> = [Component::Worker, Component::Reducer]
-                .into_iter()
+            let restarts: Vec<Component> = ALL
+                .iter()
+                .copied()
                 .filter(|c| changed.rollout_hash(*c) != base.rollout_hash(*c))
                 .collect();
             match route {

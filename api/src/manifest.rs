@@ -150,6 +150,11 @@ pub struct TopKMetricSpec {
     /// Reducer pods (merge and query API).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reducers: Option<ReducersSpec>,
+    /// The HTTP ingest gateway (`topk ingest`) for services without a Kafka client: a
+    /// Deployment and a ClusterIP Service `NAME-ingest` taking `POST /v1/events`. Removing
+    /// it deletes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingest: Option<IngestSpec>,
     /// Keys removed from every published list (counting is untouched). Changes apply live,
     /// at the reducers' next publication, without restarting pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -501,6 +506,30 @@ pub struct ReducersSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageSpec>,
 }
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IngestSpec {
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = MAX_INGEST_REPLICAS))]
+    pub replicas: u32,
+    /// Largest request body, in bytes (default 8388608); larger requests get 413.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = MAX_INGEST_REQUEST_BYTES))]
+    pub max_request_bytes: Option<u32>,
+    /// Most events in one request (default 10000); more get 413.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_INGEST_EVENTS_PER_REQUEST))]
+    pub max_events_per_request: Option<u32>,
+    /// CPU and memory of each gateway pod (default: requests 250m and 128Mi, a 512Mi memory
+    /// limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+pub const MAX_INGEST_REPLICAS: u32 = 100;
+pub const MAX_INGEST_REQUEST_BYTES: u32 = 64 << 20;
+pub const MAX_INGEST_EVENTS_PER_REQUEST: u32 = 1_000_000;
 
 /// Most versions a list may keep.
 pub const MAX_KEEP_VERSIONS: u32 = 100_000;

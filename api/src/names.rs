@@ -8,6 +8,8 @@ pub struct Names {
     pub assignment: String,
     pub worker: String,
     pub reducer: String,
+    /// The ingest gateway's Deployment, Service and disruption budget.
+    pub ingest: String,
     pub data_plane: String,
     /// Where workers report the assignment version they have applied (key `worker-N`).
     pub worker_reports: String,
@@ -21,6 +23,7 @@ impl Names {
             assignment: format!("{name}-assignment"),
             worker: format!("{name}-worker"),
             reducer: format!("{name}-reducer"),
+            ingest: format!("{name}-ingest"),
             data_plane: format!("{name}-data-plane"),
             worker_reports: format!("{name}-worker-reports"),
         }

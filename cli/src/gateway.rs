@@ -12,12 +12,14 @@ pub struct IngestArgs {
     /// Address of `POST /v1/events` and the probe and metrics endpoints.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: String,
-    /// Largest request body, in bytes (larger: 413).
-    #[arg(long, default_value_t = 8 << 20)]
-    pub max_body_bytes: usize,
-    /// Most events in one request (more: 413).
-    #[arg(long, default_value_t = 10_000)]
-    pub max_events: usize,
+    /// Largest request body, in bytes (larger: 413). Default: the config's
+    /// `ingest.maxRequestBytes`.
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+    /// Most events in one request (more: 413). Default: the config's
+    /// `ingest.maxEventsPerRequest`.
+    #[arg(long)]
+    pub max_events: Option<usize>,
     /// Records the producer may hold unacknowledged (beyond: 429 with Retry-After).
     #[arg(long, default_value_t = 100_000)]
     pub queue_capacity: usize,
@@ -27,10 +29,17 @@ pub struct IngestArgs {
 }
 
 pub async fn ingest(args: IngestArgs) -> Result<(), CliError> {
-    let (config, kafka) = args.config.load()?;
+    let mut config = topk_runtime::load_config(&args.config.config)?;
+    // It only produces to the input topic: the internal cluster's credentials are not mounted.
+    config.kafka = config.kafka.input_only();
+    let kafka = topk_runtime::kafka_properties(&config, &args.config.kafka_secrets)?;
     let mut settings = topk_gateway::GatewaySettings::new(&config, kafka.input);
-    settings.max_body_bytes = args.max_body_bytes;
-    settings.max_events = args.max_events;
+    if let Some(bytes) = args.max_body_bytes {
+        settings.max_body_bytes = bytes;
+    }
+    if let Some(events) = args.max_events {
+        settings.max_events = events;
+    }
     settings.queue_capacity = args.queue_capacity;
     settings.delivery_timeout =
         std::time::Duration::from_millis(args.delivery_timeout.as_millis().max(1) as u64);

@@ -1135,6 +1135,106 @@ async fn an_unchanged_helm_upgrade_rolls_nothing() {
 }
 
 #[tokio::test]
+async fn events_posted_to_the_ingest_gateway_are_counted_and_removing_it_deletes_it() {
+    let Some(cluster) = Cluster::get("ingest gateway").await else {
+        return;
+    };
+    let scenario = cluster.scenario("ingest").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    cluster.create_topic(&topic, 4);
+    cluster
+        .apply_metric_with(
+            &cluster.bootstrap(),
+            ns,
+            "plays",
+            &topic,
+            2,
+            &[],
+            // Small requests: the node's two cores also hold the workers and the reducer.
+            "ingest: {replicas: 2, maxEventsPerRequest: 200, resources: {requests: {cpu: 100m}}}",
+        )
+        .await;
+    let names = topk_api::names::Names::of("plays");
+    let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), ns);
+    await_some(
+        "two ready ingest gateways, and the metric Ready",
+        WAIT,
+        || async {
+            let ready = deployments
+                .get(&names.ingest)
+                .await
+                .ok()?
+                .status?
+                .ready_replicas?;
+            let status = cluster.metric(ns, "plays").await?.status?;
+            let condition = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (ready == 2 && condition.status == "True").then_some(())
+        },
+    )
+    .await;
+
+    // Producers with no Kafka client POST JSON lines to the Service (here through the API
+    // server's proxy); one bad event is rejected at its index, the others counted exactly.
+    let keys = plays(4);
+    let now = now_ms();
+    let mut body = String::new();
+    for (i, key) in keys.iter().enumerate() {
+        let event = json!({"event_time": now, "metric": "plays", "key": key,
+            "event_id": format!("ingest-{i}")});
+        body.push_str(&format!("{event}\n"));
+        if i == 3 {
+            body.push_str("{\"event_time\": 1, \"metric\": \"plays\"}\n");
+        }
+    }
+    let path = format!(
+        "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/events",
+        names.ingest
+    );
+    let answer: Value = await_some("the gateway's answer", WAIT, || async {
+        let request = http::Request::post(&path)
+            .header("content-type", "application/x-ndjson")
+            .body(body.clone().into_bytes())
+            .ok()?;
+        let text = cluster.client.request_text(request).await.ok()?;
+        serde_json::from_str(&text).ok()
+    })
+    .await;
+    assert_eq!(answer["accepted"], keys.len(), "{answer}");
+    assert_eq!(answer["rejected"], 1, "{answer}");
+    assert_eq!(answer["errors"][0]["index"], 4, "{answer}");
+    let mut counts = BTreeMap::new();
+    add(&mut counts, &keys);
+    await_exact(&cluster, ns, "plays", &counts).await;
+    // Over the spec's limit: refused whole, nothing produced.
+    let too_many = body.repeat(3);
+    let request = http::Request::post(&path)
+        .header("content-type", "application/x-ndjson")
+        .body(kube::client::Body::from(too_many.into_bytes()))
+        .expect("request");
+    let refused = cluster.client.send(request).await.expect("an answer");
+    assert_eq!(refused.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+
+    // Dropped from the spec: the Deployment, Service and budget go; the lists stay.
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), ns)
+        .patch(
+            "plays",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"ingest": null}})),
+        )
+        .await
+        .expect("remove spec.ingest");
+    let services: Api<Service> = Api::namespaced(cluster.client.clone(), ns);
+    await_some("the ingest gateway's objects deleted", WAIT, || async {
+        let gone = deployments.get_opt(&names.ingest).await.ok()?.is_none()
+            && services.get_opt(&names.ingest).await.ok()?.is_none();
+        gone.then_some(())
+    })
+    .await;
+    await_exact(&cluster, ns, "plays", &counts).await;
+}
+
+#[tokio::test]
 async fn deleting_the_metric_removes_what_it_created() {
     let Some(cluster) = Cluster::get("delete").await else {
         return;

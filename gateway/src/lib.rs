@@ -67,8 +67,8 @@ impl GatewaySettings {
             topic: config.kafka.input_topic.clone(),
             engine: config.engine.clone(),
             kafka,
-            max_body_bytes: 8 << 20,
-            max_events: 10_000,
+            max_body_bytes: config.ingest.max_request_bytes,
+            max_events: config.ingest.max_events_per_request,
             queue_capacity: 100_000,
             delivery_timeout: Duration::from_secs(30),
         }

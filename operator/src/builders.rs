@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{
-    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment, StatefulSet,
+    StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
@@ -110,6 +111,15 @@ pub struct Desired {
     pub reducer_service: Service,
     pub reducer: StatefulSet,
     pub reducer_pdb: PodDisruptionBudget,
+    /// Only when the spec asks for the ingest gateway.
+    pub ingest: Option<Ingest>,
+}
+
+/// The ingest gateway's objects: stateless pods behind a ClusterIP Service.
+pub struct Ingest {
+    pub service: Service,
+    pub deployment: Deployment,
+    pub pdb: PodDisruptionBudget,
 }
 
 /// What the current rescale step decided, which the objects are built from: the worker
@@ -195,19 +205,43 @@ fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// A workload with a pod template (the data plane's StatefulSets and the gateway's
+/// Deployment).
+pub trait PodTemplated {
+    fn template(&self) -> Option<&PodTemplateSpec>;
+    fn template_mut(&mut self) -> Option<&mut PodTemplateSpec>;
+}
+
+impl PodTemplated for StatefulSet {
+    fn template(&self) -> Option<&PodTemplateSpec> {
+        self.spec.as_ref().map(|s| &s.template)
+    }
+    fn template_mut(&mut self) -> Option<&mut PodTemplateSpec> {
+        self.spec.as_mut().map(|s| &mut s.template)
+    }
+}
+
+impl PodTemplated for Deployment {
+    fn template(&self) -> Option<&PodTemplateSpec> {
+        self.spec.as_ref().map(|s| &s.template)
+    }
+    fn template_mut(&mut self) -> Option<&mut PodTemplateSpec> {
+        self.spec.as_mut().map(|s| &mut s.template)
+    }
+}
+
 /// Stamps the Secrets' `version` on the pod template (none when no Secret is referenced).
-/// Unknown this time (the Secrets could not be read), the live StatefulSet's stamp is kept,
+/// Unknown this time (the Secrets could not be read), the live workload's stamp is kept,
 /// so that a failed read rolls nothing. Returns whether the live pods were stamped with
 /// another version: the Secrets were rotated and the pods roll for it.
-pub fn stamp_credentials(
-    desired: &mut StatefulSet,
-    live: Option<&StatefulSet>,
+pub fn stamp_credentials<W: PodTemplated>(
+    desired: &mut W,
+    live: Option<&W>,
     version: Option<&str>,
 ) -> bool {
-    let template_annotations = |sts: &StatefulSet| {
-        sts.spec
-            .as_ref()?
-            .template
+    let template_annotations = |workload: &W| {
+        workload
+            .template()?
             .metadata
             .as_ref()?
             .annotations
@@ -225,8 +259,8 @@ pub fn stamp_credentials(
     let Some(stamp) = stamp else {
         return false;
     };
-    if let Some(spec) = desired.spec.as_mut() {
-        spec.template
+    if let Some(template) = desired.template_mut() {
+        template
             .metadata
             .get_or_insert_with(Default::default)
             .annotations
@@ -345,7 +379,71 @@ pub fn desired(
         reducer_service: headless_service(metric, &names.reducer, "reducer")?,
         reducer: statefulset(metric, &names, "reducer", reducers, &config, settings)?,
         reducer_pdb: pdb(metric, &names.reducer, "reducer")?,
+        ingest: ingest(metric, &names, &config, settings)?,
     })
+}
+
+/// The ingest gateway (`topk ingest`) when the spec asks for one: a Deployment rolled one new
+/// pod at a time (none taken away before its successor is ready, so producers keep a way in),
+/// a ClusterIP Service and a disruption budget.
+fn ingest(
+    metric: &TopKMetric,
+    names: &Names,
+    config: &DataPlaneConfig,
+    settings: &Settings,
+) -> Result<Option<Ingest>, Error> {
+    const COMPONENT: &str = "ingest";
+    let Some(spec) = metric.spec.ingest.as_ref() else {
+        return Ok(None);
+    };
+    let resources = spec
+        .resources
+        .clone()
+        .unwrap_or_else(|| default_resources(INGEST_RESOURCES));
+    let main = http_container(container(COMPONENT, &[], settings, resources));
+    let mut pod = pod_spec(names, main, Vec::new(), &config.kafka.input_only());
+    // The gateway faces other services and never calls the API: no token in its pods.
+    pod.automount_service_account_token = Some(false);
+    let mut pod_labels = labels(metric, COMPONENT);
+    pod_labels.insert("topk.io/component".to_owned(), COMPONENT.to_owned());
+    let deployment = Deployment {
+        metadata: meta(metric, &names.ingest, COMPONENT)?,
+        spec: Some(DeploymentSpec {
+            replicas: Some(spec.replicas as i32),
+            selector: label_selector(metric, COMPONENT),
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(BTreeMap::from([(
+                        CONFIG_HASH_ANNOTATION.to_owned(),
+                        config.rollout_hash(Component::Ingest),
+                    )])),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let mut service = headless_service(metric, &names.ingest, COMPONENT)?;
+    if let Some(spec) = service.spec.as_mut() {
+        // A virtual IP that balances over the ready pods only.
+        spec.cluster_ip = None;
+        spec.publish_not_ready_addresses = None;
+    }
+    Ok(Some(Ingest {
+        service,
+        deployment,
+        pdb: pdb(metric, &names.ingest, COMPONENT)?,
+    }))
 }
 
 /// The ConfigMaps the data plane reads: its config, the assignment and the deny list's.
@@ -476,14 +574,7 @@ fn statefulset(
         status: None,
     };
     let retention = spec.volume_retention.unwrap_or_default();
-    let mut main = container(component, &[], settings, resources);
-    main.ports = Some(vec![ContainerPort {
-        name: Some("http".to_owned()),
-        container_port: API_PORT,
-        ..Default::default()
-    }]);
-    main.readiness_probe = Some(http_probe("/readyz", 5, None));
-    main.liveness_probe = Some(http_probe("/healthz", 10, Some(6)));
+    let mut main = http_container(container(component, &[], settings, resources));
     main.volume_mounts
         .get_or_insert_with(Vec::new)
         .push(mount("state", STATE_DIR, false));
@@ -518,6 +609,18 @@ fn statefulset(
     })
 }
 
+/// A long-running data-plane container: its HTTP port (API, metrics, probes) and probes.
+fn http_container(mut main: Container) -> Container {
+    main.ports = Some(vec![ContainerPort {
+        name: Some("http".to_owned()),
+        container_port: API_PORT,
+        ..Default::default()
+    }]);
+    main.readiness_probe = Some(http_probe("/readyz", 5, None));
+    main.liveness_probe = Some(http_probe("/healthz", 10, Some(6)));
+    main
+}
+
 fn field_env(name: &str, field_path: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
@@ -540,6 +643,8 @@ fn field_env(name: &str, field_path: &str) -> EnvVar {
 const WORKER_RESOURCES: (&str, &str, &str) = ("500m", "512Mi", "2Gi");
 const REDUCER_RESOURCES: (&str, &str, &str) = ("250m", "256Mi", "1Gi");
 const RECOUNT_RESOURCES: (&str, &str, &str) = ("500m", "256Mi", "1Gi");
+/// The gateway holds at most its producer queue (100k records) and the requests in flight.
+const INGEST_RESOURCES: (&str, &str, &str) = ("250m", "128Mi", "512Mi");
 
 fn default_resources((cpu, memory, memory_limit): (&str, &str, &str)) -> ResourceRequirements {
     ResourceRequirements {
@@ -565,7 +670,17 @@ pub fn keep_claim_templates(desired: &mut StatefulSet, live: Option<&StatefulSet
     let Some(spec) = desired.spec.as_mut() else {
         return false;
     };
-    let wanted = |c: &PersistentVolumeClaim| c.spec.clone();
+    // What the builder sets: the apiserver fills in more (`volumeMode`, a status), which
+    // must not read as a change.
+    let wanted = |c: &PersistentVolumeClaim| {
+        let spec = c.spec.as_ref();
+        (
+            c.metadata.name.clone(),
+            spec.and_then(|s| s.access_modes.clone()),
+            spec.and_then(|s| s.storage_class_name.clone()),
+            spec.and_then(|s| s.resources.as_ref()?.requests.clone()),
+        )
+    };
     let differs = spec
         .volume_claim_templates
         .as_ref()

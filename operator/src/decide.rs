@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -53,6 +53,9 @@ pub struct Observation {
     pub worker: Option<StatefulSet>,
     #[serde(default)]
     pub reducer: Option<StatefulSet>,
+    /// The ingest gateway's Deployment, when one exists.
+    #[serde(default)]
+    pub ingest: Option<Deployment>,
     /// The metric's recount Jobs, listed while its recount is enabled.
     #[serde(default)]
     pub recount_jobs: Vec<Job>,
@@ -102,6 +105,8 @@ pub struct Decision {
     pub warnings: Vec<String>,
     /// Shards the new assignment moves to another worker, when the table changes.
     pub shard_moves: Option<u64>,
+    /// The spec no longer asks for the ingest gateway, which still runs: delete its objects.
+    pub delete_ingest: bool,
     /// When to look again without a change (None: only on a change).
     pub requeue: Option<Duration>,
 }
@@ -213,6 +218,7 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         notes,
         warnings: Vec::new(),
         shard_moves: None,
+        delete_ingest: false,
         requeue,
     };
 
@@ -278,12 +284,7 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         Some(at.0.duration_since(changed).as_millis() as i64)
     });
     let ready_workers = ready_replicas(o.worker.as_ref());
-    let running_workers = o
-        .worker
-        .as_ref()
-        .and_then(|s| s.spec.as_ref()?.replicas)
-        .unwrap_or(0)
-        .max(0) as u32;
+    let running_workers = count(o.worker.as_ref().and_then(|s| s.spec.as_ref()?.replicas));
     let shards = metric.spec.shards;
     let desired_workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
     let departing_released = table.as_ref().is_none_or(|t| {
@@ -359,6 +360,21 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
             ));
         }
     }
+    if let Some(ingest) = objects.ingest.as_mut()
+        && builders::stamp_credentials(
+            &mut ingest.deployment,
+            o.ingest.as_ref(),
+            o.kafka_secrets.as_deref(),
+        )
+    {
+        notes.push(Note::normal(
+            "KafkaCredentialsRotated",
+            format!(
+                "{}: a Kafka Secret the metric reads changed; its pods roll to read it",
+                ingest.deployment.metadata.name.clone().unwrap_or_default()
+            ),
+        ));
+    }
 
     status.rescale = step.phase.map(|phase| {
         let same = previous
@@ -397,10 +413,25 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
 
     let desired_reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
     let ready_reducers = ready_replicas(o.reducer.as_ref());
+    let desired_ingest = metric.spec.ingest.as_ref().map_or(0, |i| i.replicas);
+    let ready_ingest = count(
+        o.ingest
+            .as_ref()
+            .and_then(|d| d.status.as_ref()?.ready_replicas),
+    );
+    let ingest_summary = if desired_ingest > 0 {
+        format!(
+            ", ingest ready {}/{desired_ingest}",
+            ready_ingest.min(desired_ingest)
+        )
+    } else {
+        String::new()
+    };
     let ready = o.kafka.is_none()
         && step.progress.is_none()
         && ready_workers >= desired_workers
-        && ready_reducers >= desired_reducers;
+        && ready_reducers >= desired_reducers
+        && ready_ingest >= desired_ingest;
     status.workers = Some(WorkersStatus {
         replicas: desired_workers as i32,
         ready: ready_workers.min(desired_workers) as i32,
@@ -454,10 +485,16 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
             ready,
             if ready { "Ready" } else { "NotReady" },
             if ready {
-                format!("{desired_workers} workers and {desired_reducers} reducers ready")
+                if desired_ingest > 0 {
+                    format!(
+                        "{desired_workers} workers, {desired_reducers} reducers and {desired_ingest} ingest gateways ready"
+                    )
+                } else {
+                    format!("{desired_workers} workers and {desired_reducers} reducers ready")
+                }
             } else {
                 format!(
-                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}"
+                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}{ingest_summary}"
                 )
             },
         ),
@@ -510,7 +547,15 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         let clears_in = (at_ms + report::LOSS_DEGRADED_MS - now_ms).max(1_000);
         requeue = requeue.min(Duration::from_millis(clears_in as u64));
     }
+    let delete_ingest = objects.ingest.is_none() && o.ingest.is_some();
+    if delete_ingest {
+        notes.push(Note::normal(
+            "IngestRemoved",
+            "spec.ingest was removed: the ingest gateway's Deployment, Service and disruption budget are deleted".to_owned(),
+        ));
+    }
     Ok(Decision {
+        delete_ingest,
         objects: Some(objects),
         recount_jobs: recount.jobs,
         write_ahead,
@@ -523,9 +568,12 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
 }
 
 fn ready_replicas(sts: Option<&StatefulSet>) -> u32 {
-    sts.and_then(|s| s.status.as_ref()?.ready_replicas)
-        .unwrap_or(0)
-        .max(0) as u32
+    count(sts.and_then(|s| s.status.as_ref()?.ready_replicas))
+}
+
+/// A replica count as the API gives it (optional, signed): none is 0.
+fn count(replicas: Option<i32>) -> u32 {
+    replicas.unwrap_or(0).max(0) as u32
 }
 
 /// Whether `reason` is a newly raised `Degraded` (not already reported in the last status).

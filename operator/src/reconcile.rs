@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -135,6 +136,7 @@ async fn run_in(ctx: Arc<Context>, namespace: Option<String>) {
         .owns(api::<StatefulSet>(client, ns), watcher::Config::default())
         .owns(api::<ConfigMap>(client, ns), watcher::Config::default())
         .owns(api::<Job>(client, ns), watcher::Config::default())
+        .owns(api::<Deployment>(client, ns), watcher::Config::default())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {
             if let Err(err) = result {
@@ -221,6 +223,7 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
         worker_reports: None,
         worker: None,
         reducer: None,
+        ingest: None,
         recount_jobs: Vec::new(),
         recount_pods: Vec::new(),
     };
@@ -248,6 +251,8 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
     }
     observation.worker = statefulsets.get_opt(&names.worker).await?;
     observation.reducer = statefulsets.get_opt(&names.reducer).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    observation.ingest = deployments.get_opt(&names.ingest).await?;
     if metric.spec.recount_settings().enabled {
         let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
         let selector = builders::selector(metric, "recount");
@@ -305,6 +310,14 @@ async fn act(
                 notes.push(note);
             }
         }
+        if let Some(ingest) = desired.ingest {
+            apply(client, ns, ingest.service).await?;
+            apply(client, ns, ingest.pdb).await?;
+            apply(client, ns, ingest.deployment).await?;
+        }
+    }
+    if decision.delete_ingest {
+        delete_ingest(client, ns, &Names::of(&name)).await?;
     }
     for job in decision.recount_jobs {
         apply(client, ns, job).await?;
@@ -320,6 +333,25 @@ async fn act(
     Ok(decision
         .requeue
         .map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Deletes the ingest gateway's objects (each one already gone is fine).
+async fn delete_ingest(client: &Client, ns: &str, names: &Names) -> Result<(), Error> {
+    async fn delete<K>(client: &Client, ns: &str, name: &str) -> Result<(), Error>
+    where
+        K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let api: Api<K> = Api::namespaced(client.clone(), ns);
+        match api.delete(name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+    delete::<Deployment>(client, ns, &names.ingest).await?;
+    delete::<Service>(client, ns, &names.ingest).await?;
+    delete::<PodDisruptionBudget>(client, ns, &names.ingest).await
 }
 
 /// Keeps the `topk.io/delete-topics` finalizer in step with `deletionPolicy`, and on deletion

@@ -1,15 +1,17 @@
 //! The desired objects of a TopKMetric, built from a YAML fixture without any cluster.
 
 use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, load_manifest};
-use topk_operator::builders::{CONFIG_HASH_ANNOTATION, Rollout, Settings, desired, recount_job};
+use topk_operator::builders::{
+    CONFIG_HASH_ANNOTATION, PodTemplated, Rollout, Settings, desired, recount_job,
+};
 use topk_operator::planner::plan;
 
 fn fixture() -> TopKMetric {
     load_manifest(include_str!("fixtures/metric.yaml")).expect("fixture")
 }
 
-fn hash(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> String {
-    let template = &sts.spec.as_ref().unwrap().template;
+fn hash(workload: &impl PodTemplated) -> String {
+    let template = workload.template().unwrap();
     template
         .metadata
         .as_ref()
@@ -435,6 +437,22 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
     let mut same = d.worker.clone();
     assert!(!keep_claim_templates(&mut same, Some(&d.worker)));
     assert!(!keep_claim_templates(&mut same, None));
+    // What the apiserver adds to the live templates (a volume mode, a status) is no change:
+    // found on the node, where it was reported on every reconcile.
+    let mut live = d.worker.clone();
+    for template in live
+        .spec
+        .as_mut()
+        .unwrap()
+        .volume_claim_templates
+        .as_mut()
+        .unwrap()
+    {
+        template.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());
+        template.status = Some(Default::default());
+    }
+    let mut unchanged = d.worker.clone();
+    assert!(!keep_claim_templates(&mut unchanged, Some(&live)));
 }
 
 #[test]
@@ -497,4 +515,103 @@ fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
     let mut unread_new = d.worker.clone();
     assert!(!stamp_credentials(&mut unread_new, None, None));
     assert_eq!(stamp(&unread_new), None);
+}
+
+#[test]
+fn the_ingest_gateway_is_built_only_when_asked_for_with_input_credentials_and_no_api_token() {
+    let mut metric = fixture();
+    let build = |metric: &TopKMetric| {
+        desired(
+            metric,
+            &Rollout::settled(metric, plan(8, None, 3)),
+            &Settings::default(),
+        )
+        .expect("desired")
+    };
+    assert!(
+        build(&metric).ingest.is_none(),
+        "no spec.ingest: no gateway"
+    );
+
+    metric.spec.ingest = Some(
+        serde_json::from_value(serde_json::json!({"replicas": 3, "maxEventsPerRequest": 500}))
+            .expect("ingest"),
+    );
+    metric.spec.source.kafka.authentication = Some(
+        serde_json::from_value(serde_json::json!({"type": "scram-sha-512", "username": "u",
+            "passwordSecret": {"secretName": "input-user", "password": "password"}}))
+        .expect("authentication"),
+    );
+    metric.spec.internal_kafka = Some(
+        serde_json::from_value(serde_json::json!({"bootstrapServers": "internal:9093",
+            "authentication": {"type": "scram-sha-512", "username": "topk",
+            "passwordSecret": {"secretName": "internal-user", "password": "password"}}}))
+        .expect("internalKafka"),
+    );
+    let d = build(&metric);
+    let ingest = d.ingest.as_ref().expect("the gateway's objects");
+    for meta in [
+        &ingest.deployment.metadata,
+        &ingest.service.metadata,
+        &ingest.pdb.metadata,
+    ] {
+        assert_eq!(meta.name.as_deref(), Some("api-requests-ingest"));
+        let owner = &meta.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.name, "api-requests");
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["app.kubernetes.io/component"],
+            "ingest"
+        );
+    }
+    let spec = ingest.deployment.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    let rolling = spec
+        .strategy
+        .as_ref()
+        .unwrap()
+        .rolling_update
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        rolling.max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0)),
+        "a rollout never takes a gateway away before its successor is ready"
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.args.as_deref().unwrap(),
+        ["ingest", "--config", "/etc/topk/metric.json"]
+    );
+    assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
+    // Only the input cluster's Secret is mounted: the gateway never touches the internal
+    // topics.
+    let volumes = serde_json::to_string(&pod.volumes).unwrap();
+    assert!(volumes.contains("input-user"), "{volumes}");
+    assert!(!volumes.contains("internal-user"), "{volumes}");
+    let service = ingest.service.spec.as_ref().unwrap();
+    assert_eq!(service.cluster_ip, None, "a virtual IP, not headless");
+    assert_eq!(service.publish_not_ready_addresses, None);
+    assert_eq!(rendered(&d).ingest.max_events_per_request, 500);
+
+    // The gateway's limits roll the gateway only; the internal cluster does not roll it.
+    let ingest_hash =
+        |d: &topk_operator::builders::Desired| hash(&d.ingest.as_ref().unwrap().deployment);
+    let mut limits = metric.clone();
+    limits.spec.ingest.as_mut().unwrap().max_request_bytes = Some(4096);
+    let changed = build(&limits);
+    assert_ne!(ingest_hash(&changed), ingest_hash(&d));
+    assert_eq!(hash(&changed.worker), hash(&d.worker));
+    assert_eq!(hash(&changed.reducer), hash(&d.reducer));
+    let mut internal = metric.clone();
+    internal
+        .spec
+        .internal_kafka
+        .as_mut()
+        .unwrap()
+        .bootstrap_servers = "other:9093".into();
+    let changed = build(&internal);
+    assert_eq!(ingest_hash(&changed), ingest_hash(&d));
+    assert_ne!(hash(&changed.worker), hash(&d.worker));
 }

@@ -107,6 +107,8 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
         r#"networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#,
         "--set-json",
         r#"networkPolicy.queryFrom=[{"podSelector":{}}]"#,
+        "--set-json",
+        r#"networkPolicy.ingestFrom=[{"podSelector":{"matchLabels":{"role":"producer"}}}]"#,
         "--set",
         "monitoring.labels.release=prometheus",
         "--set",
@@ -204,6 +206,20 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
     ] {
         assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
     }
+    // The ingest gateways take events from `ingestFrom` (and scrapes from `metricsFrom`).
+    let ingest_policy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "NetworkPolicy"
+                && d["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                    == "ingest"
+        })
+        .expect("the ingest gateways' NetworkPolicy");
+    let from = ingest_policy["spec"]["ingress"][0]["from"].to_string();
+    assert!(
+        from.contains("producer") && from.contains("monitoring"),
+        "{from}"
+    );
     // The default internal cluster reaches the operator as an argument its parser takes.
     let operator = docs
         .iter()
@@ -341,7 +357,9 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
         .kube_client_as(&format!("system:serviceaccount:{ns}:{fullname}"))
         .await
         .expect("impersonating client");
-    let metric = plays_on_a_fresh_topic(&env).await;
+    let mut metric = plays_on_a_fresh_topic(&env).await;
+    metric.spec.ingest =
+        Some(serde_json::from_value(serde_json::json!({"replicas": 2})).expect("ingest"));
     let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
     metrics
         .create(&PostParams::default(), &metric)
@@ -360,6 +378,11 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     assert!(statefulsets.get("plays-worker").await.is_ok());
     assert!(statefulsets.get("plays-reducer").await.is_ok());
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        deployments.get("plays-ingest").await.is_ok(),
+        "the operator deploys the ingest gateway"
+    );
     Api::<Pod>::namespaced(as_operator.clone(), &ns)
         .list(&Default::default())
         .await

@@ -378,3 +378,28 @@ fn where_internal_topics_live_is_recorded_once_and_a_deployed_metric_stays_on_it
             .expect_err("group.id cannot be set");
     assert!(refused.contains("group.id"), "{refused}");
 }
+
+#[test]
+fn the_ingest_gateway_counts_towards_ready_and_is_deleted_when_the_spec_drops_it() {
+    let mut o = fixture("created.yaml");
+    o.metric.spec.ingest =
+        Some(serde_json::from_value(serde_json::json!({"replicas": 2})).expect("ingest"));
+    let d = decided(&o);
+    assert!(d.objects.as_ref().unwrap().ingest.is_some());
+    assert!(!d.delete_ingest);
+    assert_eq!(
+        condition(&d, "Ready").message,
+        "workers ready 0/2, reducers ready 0/1, ingest ready 0/2"
+    );
+
+    // The gateway runs but the spec no longer asks for it: its objects go, once.
+    let live = d.objects.unwrap().ingest.unwrap().deployment;
+    o.metric.spec.ingest = None;
+    o.ingest = Some(live);
+    let d = decided(&o);
+    assert!(d.objects.as_ref().unwrap().ingest.is_none());
+    assert!(d.delete_ingest);
+    assert_eq!(reasons(&d), ["IngestRemoved"]);
+    o.ingest = None;
+    assert!(!decided(&o).delete_ingest);
+}

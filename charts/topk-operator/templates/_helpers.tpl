@@ -46,7 +46,7 @@ rules:
     resources: [configmaps, services, serviceaccounts]
     verbs: [get, list, watch, create, patch, update, delete]
   - apiGroups: [apps]
-    resources: [statefulsets]
+    resources: [statefulsets, deployments]
     verbs: [get, list, watch, create, patch, update, delete]
   - apiGroups: [policy]
     resources: [poddisruptionbudgets]
