@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::kafka::{CredentialError, KafkaProperties, KafkaSecurity, SecretKey};
 use crate::manifest::{ConfigMapKey, TopKMetric, load_manifest};
 use crate::names::Names;
-use crate::topics::TopicNames;
+use crate::topics::{CombineTopics, TopicNames};
 
 /// Key of the rendered config in the metric's config ConfigMap (`NAME-config`).
 pub const CONFIG_KEY: &str = "metric.json";
@@ -46,7 +46,25 @@ pub struct DataPlaneConfig {
     /// The ingest gateway's request limits.
     #[serde(default)]
     pub ingest: IngestLimits,
+    /// The combiners, when the input is not keyed for topk (`source.partitionedBy: any`):
+    /// the workers then read their sums instead of the input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub combine: Option<CombineConfig>,
 }
+
+/// What the combiners run by.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CombineConfig {
+    /// Combiner pods: input partition p is read by combiner p mod replicas.
+    pub replicas: u32,
+    /// How long sums are held before they are written.
+    pub flush_interval: Duration,
+    /// Where the sums go and each input partition's offset is kept (internal cluster).
+    pub topics: CombineTopics,
+}
+
+const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(2_000);
 
 /// What one `POST /v1/events` to the ingest gateway may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +257,11 @@ struct Rollout<'a> {
     reducer: Option<&'a ReducerTuning>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ingest: Option<&'a IngestLimits>,
+    /// The workers' input when combiners write it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker_input: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    combine: Option<&'a CombineConfig>,
 }
 
 /// The pods whose template carries a rollout hash.
@@ -248,6 +271,8 @@ pub enum Component {
     Reducer,
     /// The ingest gateway: it produces to the input topic and never touches the internal ones.
     Ingest,
+    /// The combiners: they read the input and write the partials topic.
+    Combiner,
 }
 
 fn hash_of(value: &impl Serialize) -> String {
@@ -340,6 +365,16 @@ impl DataPlaneConfig {
                         .map_or(defaults.max_events_per_request, |n| n as usize),
                 }
             },
+            combine: spec.combines().then(|| {
+                let combiners = spec.combiners.as_ref();
+                CombineConfig {
+                    replicas: combiners.map_or(1, |c| c.replicas),
+                    flush_interval: combiners
+                        .and_then(|c| c.flush_interval)
+                        .unwrap_or(DEFAULT_FLUSH_INTERVAL),
+                    topics: CombineTopics::of(&namespace, &name),
+                }
+            }),
             deny: DenySource {
                 keys: spec.deny_keys.clone(),
                 config_map: spec
@@ -393,6 +428,8 @@ impl DataPlaneConfig {
             worker: None,
             reducer: None,
             ingest: None,
+            worker_input: None,
+            combine: None,
         })
     }
 
@@ -415,7 +452,25 @@ impl DataPlaneConfig {
             worker: (component == Component::Worker).then_some(&self.worker),
             reducer: (component == Component::Reducer).then_some(&self.reducer),
             ingest: (component == Component::Ingest).then_some(&self.ingest),
+            worker_input: self
+                .combine
+                .as_ref()
+                .filter(|_| component == Component::Worker)
+                .map(|c| c.topics.partials.as_str()),
+            combine: self
+                .combine
+                .as_ref()
+                .filter(|_| component == Component::Combiner),
         })
+    }
+
+    /// The topic workers count, and whether it is on the internal cluster: the combiners'
+    /// partials when they run, else the input.
+    pub fn worker_input(&self) -> (&str, bool) {
+        match &self.combine {
+            Some(combine) => (&combine.topics.partials, true),
+            None => (&self.kafka.input_topic, false),
+        }
     }
 }
 
@@ -443,9 +498,15 @@ mod tests {
         OperatorOnly(&'static str),
     }
 
-    const BOTH: &[Component] = &[Component::Worker, Component::Reducer];
-    /// The input's contract: the gateway checks events and produces with it too.
-    const ALL: &[Component] = &[Component::Worker, Component::Reducer, Component::Ingest];
+    /// The input's contract: every component reads it.
+    const ALL: &[Component] = &[
+        Component::Worker,
+        Component::Reducer,
+        Component::Ingest,
+        Component::Combiner,
+    ];
+    /// The internal cluster: all but the gateway, which only writes the input.
+    const INTERNAL: &[Component] = &[Component::Worker, Component::Reducer, Component::Combiner];
 
     /// Every spec field, the change the test makes to it (a JSON pointer into [`full_spec`]
     /// and a new value), and where it must go.
@@ -453,6 +514,48 @@ mod tests {
         use Route::*;
         vec![
             ("metric", "/metric", json!("other"), Restarts(ALL)),
+            (
+                "source.partitionedBy",
+                "",
+                json!(null),
+                Restarts(&[Component::Worker, Component::Combiner]),
+            ),
+            (
+                "combiners.replicas",
+                "/combiners/replicas",
+                json!(3),
+                Restarts(&[Component::Combiner]),
+            ),
+            (
+                "combiners.flushInterval",
+                "/combiners/flushInterval",
+                json!("5s"),
+                Restarts(&[Component::Combiner]),
+            ),
+            (
+                "combiners.resources.requests",
+                "/combiners/resources/requests/cpu",
+                json!("2"),
+                OperatorOnly("the pods' resources"),
+            ),
+            (
+                "combiners.resources.limits",
+                "/combiners/resources/limits/memory",
+                json!("3Gi"),
+                OperatorOnly("the pods' resources"),
+            ),
+            (
+                "combiners.resources.claims[].name",
+                "/combiners/resources/claims/0/name",
+                json!("other"),
+                OperatorOnly("the pods' resources"),
+            ),
+            (
+                "combiners.resources.claims[].request",
+                "/combiners/resources/claims/0/request",
+                json!("other"),
+                OperatorOnly("the pods' resources"),
+            ),
             (
                 "source.kafka.bootstrapServers",
                 "/source/kafka/bootstrapServers",
@@ -812,109 +915,109 @@ mod tests {
                 "internalKafka.bootstrapServers",
                 "/internalKafka/bootstrapServers",
                 json!("other:9093"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.tls.trustedCertificates[].secretName",
                 "/internalKafka/tls/trustedCertificates/0/secretName",
                 json!("other-ca"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.tls.trustedCertificates[].certificate",
                 "/internalKafka/tls/trustedCertificates/0/certificate",
                 json!("other.crt"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.type",
                 "/internalKafka/authentication/type",
                 json!("scram-sha-256"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.username",
                 "/internalKafka/authentication/username",
                 json!("other"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.passwordSecret.secretName",
                 "/internalKafka/authentication/passwordSecret/secretName",
                 json!("other"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.passwordSecret.password",
                 "/internalKafka/authentication/passwordSecret/password",
                 json!("other"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.certificateAndKey.secretName",
                 "/internalKafka/authentication",
                 json!({"type": "tls", "certificateAndKey": {"secretName": "u", "certificate": "c", "key": "k"}}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.certificateAndKey.certificate",
                 "/internalKafka/authentication",
                 json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "c", "key": "k"}}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.certificateAndKey.key",
                 "/internalKafka/authentication",
                 json!({"type": "tls", "certificateAndKey": {"secretName": "user", "certificate": "user.crt", "key": "k"}}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.clientId",
                 "/internalKafka/authentication",
                 json!({"type": "oauth", "clientId": "other", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.clientSecret.secretName",
                 "/internalKafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "other", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.clientSecret.key",
                 "/internalKafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "other"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.tokenEndpointUri",
                 "/internalKafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://other/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.scope",
                 "/internalKafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "other", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.tlsTrustedCertificates[].secretName",
                 "/internalKafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "other", "certificate": "ca.crt"}]}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.authentication.tlsTrustedCertificates[].certificate",
                 "/internalKafka/authentication",
                 json!({"type": "oauth", "clientId": "topk", "clientSecret": {"secretName": "oauth", "key": "secret"}, "tokenEndpointUri": "https://idp/token", "scope": "kafka", "tlsTrustedCertificates": [{"secretName": "idp-ca", "certificate": "other.crt"}]}),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             (
                 "internalKafka.config",
                 "/internalKafka/config/client.rack",
                 json!("zone-b"),
-                Restarts(BOTH),
+                Restarts(INTERNAL),
             ),
             ("denyKeys", "/denyKeys", json!(["x", "y"]), Live),
             (
@@ -985,7 +1088,7 @@ mod tests {
                 "authentication": {"type": "scram-sha-512", "username": "topk",
                                    "passwordSecret": {"secretName": "topk-user", "password": "password"}},
                 "config": {"client.rack": "zone-a"},
-            }},
+            }, "partitionedBy": "any"},
             "shards": 4, "k": 10, "mode": "approximate",
             "sketch": {"epsilon": 0.001, "delta": 0.01, "candidates": 50},
             "allowedLateness": "1m", "maxFutureSkew": "5m", "maxKeyBytes": 100,
@@ -1000,6 +1103,8 @@ mod tests {
             "reducers": {"replicas": 1, "keepVersions": 100, "keepFor": "24h", "staleAfter": "2m",
                          "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "2Gi"}, "claims": [{"name": "gpu", "request": "a"}]},
                          "storage": {"size": "1Gi", "storageClassName": "fast"}},
+            "combiners": {"replicas": 2, "flushInterval": "2s",
+                          "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}, "claims": [{"name": "gpu", "request": "a"}]}},
             "ingest": {"replicas": 2, "maxRequestBytes": 65536, "maxEventsPerRequest": 100,
                        "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}, "claims": [{"name": "gpu", "request": "a"}]}},
             "internalKafka": {
@@ -1067,6 +1172,11 @@ mod tests {
                 let mut spec = base_spec.clone();
                 spec["mode"] = json!("exact");
                 spec.as_object_mut().expect("object").remove("sketch");
+                config(&spec)
+            } else if path == "source.partitionedBy" {
+                let mut spec = base_spec.clone();
+                spec["source"]["partitionedBy"] = json!("key");
+                spec.as_object_mut().expect("object").remove("combiners");
                 config(&spec)
             } else {
                 let mut spec = base_spec.clone();

@@ -103,6 +103,10 @@ const DEFAULT_CANDIDATES: u32 = 1000;
         .message("workers.replicas must be between 1 and shards; lower the replicas or raise shards (shards cannot change later)"),
     validation = Rule::new("!has(self.sketch) || self.mode == 'approximate'")
         .message("sketch is only allowed with mode: approximate; remove sketch or set mode: approximate"),
+    validation = Rule::new("!has(self.combiners) || (has(self.source.partitionedBy) && self.source.partitionedBy == 'any')")
+        .message("combiners only run for source.partitionedBy: any; remove combiners or set partitionedBy: any"),
+    validation = Rule::new("(has(self.source.partitionedBy) ? self.source.partitionedBy : 'key') == (has(oldSelf.source.partitionedBy) ? oldSelf.source.partitionedBy : 'key')")
+        .message("source.partitionedBy cannot change: the workers' input would change under their checkpoints; create a new TopKMetric"),
     validation = Rule::new("has(self.internalKafka) == has(oldSelf.internalKafka) && (!has(self.internalKafka) || self.internalKafka.bootstrapServers == oldSelf.internalKafka.bootstrapServers)")
         .message("internalKafka cannot be added, removed or pointed at other brokers: the internal topics hold the metric's state; create a new TopKMetric")
 )]
@@ -150,6 +154,9 @@ pub struct TopKMetricSpec {
     /// Reducer pods (merge and query API).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reducers: Option<ReducersSpec>,
+    /// The combiners of an input that is not keyed for topk (`source.partitionedBy: any`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub combiners: Option<CombinersSpec>,
     /// The HTTP ingest gateway (`topk ingest`) for services without a Kafka client: a
     /// Deployment and a ClusterIP Service `NAME-ingest` taking `POST /v1/events`. Removing
     /// it deletes them.
@@ -257,6 +264,23 @@ pub struct ConfigMapKey {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Source {
     pub kafka: KafkaSource,
+    /// How the input topic's records are keyed: `key` (the default) when every producer keys
+    /// them `metric|scope|key` with Kafka's default (murmur2) partitioner, as `topk produce`
+    /// and the ingest gateway do; `any` for a topic keyed by anything else (a session, a user,
+    /// nothing). With `any` the operator runs combiners that sum the events per key and
+    /// bucket for `combiners.flushInterval` and write the sums keyed for the workers. Fixed
+    /// once set.
+    #[serde(default)]
+    pub partitioned_by: PartitionedBy,
+}
+
+/// How the input topic's records are keyed; see [`Source::partitioned_by`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum PartitionedBy {
+    #[default]
+    Key,
+    Any,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -527,6 +551,31 @@ pub struct IngestSpec {
     pub resources: Option<ResourceRequirements>,
 }
 
+/// Combiners (`topk combine`): each reads some of the input topic's partitions (partition p
+/// goes to combiner p mod replicas), sums the events per (scope, key, bucket) for a flush
+/// interval, and writes the sums to the internal partials topic, keyed and partitioned the
+/// way workers read, in one Kafka transaction per input partition with its input offset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CombinersSpec {
+    /// Pods; more than the input's partitions leaves some idle.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = MAX_COMBINER_REPLICAS))]
+    pub replicas: u32,
+    /// How long sums are held before they are written (default 2s): a key reaches its
+    /// worker at most once per input partition per interval, whatever its rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_interval: Option<Duration>,
+    /// CPU and memory of each combiner (default: requests 250m and 256Mi, a 1Gi memory
+    /// limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+pub const MAX_COMBINER_REPLICAS: u32 = 1_000;
+/// Longest flush interval: sums held longer would hold the watermark back as long.
+pub const MAX_FLUSH_INTERVAL_MS: i64 = 60_000;
+
 pub const MAX_INGEST_REPLICAS: u32 = 100;
 pub const MAX_INGEST_REQUEST_BYTES: u32 = 64 << 20;
 pub const MAX_INGEST_EVENTS_PER_REQUEST: u32 = 1_000_000;
@@ -743,6 +792,11 @@ pub fn load_manifest(yaml: &str) -> Result<TopKMetric, ApiError> {
 }
 
 impl TopKMetricSpec {
+    /// Whether combiners read the input (it is not keyed for topk) and workers their sums.
+    pub fn combines(&self) -> bool {
+        self.source.partitioned_by == PartitionedBy::Any
+    }
+
     /// The recount settings with their defaults.
     pub fn recount_settings(&self) -> RecountSettings {
         let spec = self.recount.as_ref();
@@ -947,6 +1001,14 @@ impl TopKMetricSpec {
         }
         if recount.backfill_ms < 3_600_000 {
             problems.push("spec.recount.backfill must be at least 1h".to_owned());
+        }
+        if self.combiners.is_some() && self.source.partitioned_by != PartitionedBy::Any {
+            problems.push("spec.combiners only run for spec.source.partitionedBy: any; remove combiners or set partitionedBy: any".to_owned());
+        }
+        let flush = self.combiners.as_ref().and_then(|c| c.flush_interval);
+        if flush.is_some_and(|f| f.as_millis() <= 0 || f.as_millis() > MAX_FLUSH_INTERVAL_MS) {
+            problems
+                .push("spec.combiners.flushInterval must be positive and at most 1m".to_owned());
         }
         if let Some(workers) = &self.workers {
             let timing = [

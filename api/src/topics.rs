@@ -27,6 +27,27 @@ impl TopicNames {
     }
 }
 
+/// The internal topics of a metric with combiners (`source.partitionedBy: any`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CombineTopics {
+    /// Combiners -> workers: sums keyed `metric|scope|key`, one partition per shard; the
+    /// workers' input.
+    pub partials: String,
+    /// Each input partition's next offset (key: the partition), written in the transaction
+    /// of its sums: compacted.
+    pub offsets: String,
+}
+
+impl CombineTopics {
+    pub fn of(namespace: &str, name: &str) -> Self {
+        Self {
+            partials: format!("topk.{namespace}.{name}.partials"),
+            offsets: format!("topk.{namespace}.{name}.combiner-offsets"),
+        }
+    }
+}
+
 /// An internal topic: its name, partitions and whether it is compacted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InternalTopic {
@@ -37,18 +58,30 @@ pub struct InternalTopic {
 
 /// The internal topics of a TopKMetric, namespaced so that equal names in two namespaces do
 /// not collide: summaries (worker -> reducer), shard snapshots (handoff, compacted, one
-/// partition per shard), exact hours (recount, compacted) and dead letters.
-pub fn internal_topics(namespace: &str, name: &str, shards: u32) -> Vec<InternalTopic> {
+/// partition per shard), exact hours (recount, compacted) and dead letters; with `combine`,
+/// also the combiners' partials (one partition per shard) and offsets (compacted).
+pub fn internal_topics(
+    namespace: &str,
+    name: &str,
+    shards: u32,
+    combine: bool,
+) -> Vec<InternalTopic> {
     let names = TopicNames::of(namespace, name);
     let topic = |name: String, partitions: u32, compacted| InternalTopic {
         name,
         partitions: partitions.max(1) as i32,
         compacted,
     };
-    vec![
+    let mut topics = vec![
         topic(names.summaries, 1, false),
         topic(names.snapshots, shards, true),
         topic(names.exact_hours, 1, true),
         topic(names.dead_letters, shards.min(16), false),
-    ]
+    ];
+    if combine {
+        let combine = CombineTopics::of(namespace, name);
+        topics.push(topic(combine.partials, shards, false));
+        topics.push(topic(combine.offsets, 1, true));
+    }
+    topics
 }

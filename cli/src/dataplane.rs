@@ -52,17 +52,22 @@ pub struct DataPlaneArgs {
     pub listen: String,
 }
 
+/// `given`, else the suffix of POD_NAME (a StatefulSet pod's ordinal).
+pub fn ordinal(given: Option<u32>) -> Result<u32, CliError> {
+    match given {
+        Some(o) => Ok(o),
+        None => std::env::var("POD_NAME")
+            .ok()
+            .and_then(|pod| pod.rsplit('-').next()?.parse().ok())
+            .ok_or_else(|| {
+                CliError::Usage("set --ordinal or POD_NAME (NAME-COMPONENT-N)".to_owned())
+            }),
+    }
+}
+
 impl DataPlaneArgs {
     pub fn ordinal(&self) -> Result<u32, CliError> {
-        match self.ordinal {
-            Some(o) => Ok(o),
-            None => std::env::var("POD_NAME")
-                .ok()
-                .and_then(|pod| pod.rsplit('-').next()?.parse().ok())
-                .ok_or_else(|| {
-                    CliError::Usage("set --ordinal or POD_NAME (NAME-COMPONENT-N)".to_owned())
-                }),
-        }
+        ordinal(self.ordinal)
     }
 
     pub async fn client(&self) -> Result<kube::Client, CliError> {

@@ -32,4 +32,6 @@ pub enum CliError {
     Recount(#[from] topk_recount::Error),
     #[error("ingest gateway: {0}")]
     Gateway(#[from] topk_gateway::Error),
+    #[error("combiner: {0}")]
+    Combiner(#[from] topk_combiner::Error),
 }

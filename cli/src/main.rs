@@ -1,5 +1,6 @@
 //! `topk`: the Top-K engine in one process.
 
+mod combine;
 mod dataplane;
 mod demo;
 mod error;
@@ -49,6 +50,9 @@ enum Command {
     Produce(produce::ProduceArgs),
     /// Take events over HTTP (`POST /v1/events`) and produce them to the metric's input topic.
     Ingest(gateway::IngestArgs),
+    /// Sum an input not keyed for topk per key and bucket, and write the sums keyed for the
+    /// workers (the combiner pods of `source.partitionedBy: any`).
+    Combine(combine::CombineArgs),
     /// Print the TopKMetric CustomResourceDefinition (YAML), generated from the Rust types.
     Crd {
         /// Print the Helm chart's template instead (gated by `crds.install`, kept on uninstall).
@@ -80,6 +84,7 @@ async fn main() -> std::process::ExitCode {
         Command::Recount(args) => recount::recount(args).await,
         Command::Produce(args) => produce::produce(args).await,
         Command::Ingest(args) => gateway::ingest(args).await,
+        Command::Combine(args) => combine::combine(args).await,
         Command::Crd { helm } => if helm {
             topk_api::crd::crd_helm_template()
         } else {

@@ -772,7 +772,7 @@ fn internal_topics_on_their_own_cluster_carry_the_lists() {
     // The summaries went to the internal cluster, and none of the internal topics exist on
     // the input's.
     let topics = TopicNames::of(NS, &name);
-    let partitions = topk_api::topics::internal_topics(NS, &name, SHARDS)
+    let partitions = topk_api::topics::internal_topics(NS, &name, SHARDS, false)
         .into_iter()
         .find(|t| t.name == topics.summaries)
         .expect("the summaries topic")

@@ -371,7 +371,9 @@ impl Admins {
                     shards,
                 });
             }
-            Some(n) if n != shards as usize => {
+            // Combiners read any number of partitions; workers read the input itself only
+            // when it is keyed for them, one partition per shard.
+            Some(n) if n != shards as usize && !metric.spec.combines() => {
                 return Err(TopicProblem::PartitionMismatch {
                     topic: input,
                     partitions: n,
@@ -392,7 +394,7 @@ impl Admins {
         let admin = self.get(&kafka.internal).map_err(problem)?;
         let wanted: Vec<InternalTopic> = {
             let confirmed = self.confirmed();
-            internal_topics(namespace, &name, shards)
+            internal_topics(namespace, &name, shards, metric.spec.combines())
                 .into_iter()
                 .filter(|t| {
                     confirmed
@@ -443,7 +445,7 @@ impl Admins {
         let kafka = &kafka.internal;
         let admin = self.get(kafka)?;
         let name = kube::ResourceExt::name_any(metric);
-        let topics = internal_topics(namespace, &name, metric.spec.shards);
+        let topics = internal_topics(namespace, &name, metric.spec.shards, metric.spec.combines());
         let names: Vec<&str> = topics.iter().map(|t| t.name.as_str()).collect();
         let results = admin
             .admin

@@ -123,7 +123,7 @@ async fn internal_topics_go_where_the_spec_or_the_default_says_and_stay_there() 
     common::await_internal_topics_on(&internal.config(), &ns, "defaulted", 2).await;
     let on_input = topics_on(&env.kafka_config());
     for name in ["own", "defaulted"] {
-        for topic in topk_api::topics::internal_topics(&ns, name, 2) {
+        for topic in topk_api::topics::internal_topics(&ns, name, 2, false) {
             assert!(
                 !on_input.contains(&topic.name),
                 "{} on the input's cluster",

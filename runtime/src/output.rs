@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, ToBytes};
+use rdkafka::message::{DeliveryResult, Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 
 use crate::error::Error;
@@ -36,6 +36,33 @@ impl ProducerContext for DeliveryCounter {
             tracing::warn!(%err, "record not delivered");
         }
     }
+}
+
+/// Most of a rejected payload a dead letter holds: well inside the producer's 1 MB limit.
+pub const DEAD_LETTER_PAYLOAD_BYTES: usize = 512 * 1024;
+
+/// A dead letter's payload and headers: why (`reason`) and where the payload came from
+/// (`source`, also the record's key). A payload too large for a record keeps its start, and
+/// says how long it was; the whole one stays at `source`.
+pub fn dead_letter<'a>(payload: &'a [u8], reason: &str, source: &str) -> (&'a [u8], OwnedHeaders) {
+    let mut headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "reason",
+            value: Some(reason),
+        })
+        .insert(Header {
+            key: "source",
+            value: Some(source),
+        });
+    let kept = &payload[..payload.len().min(DEAD_LETTER_PAYLOAD_BYTES)];
+    if kept.len() < payload.len() {
+        let length = payload.len().to_string();
+        headers = headers.insert(Header {
+            key: "truncated_from",
+            value: Some(&length),
+        });
+    }
+    (kept, headers)
 }
 
 /// Enqueues a record, waiting while the producer's queue is full.

@@ -293,7 +293,7 @@ impl TestEnv {
     ) {
         let mut topics = vec![input.to_owned()];
         topics.extend(
-            topk_api::topics::internal_topics(namespace, name, shards)
+            topk_api::topics::internal_topics(namespace, name, shards, false)
                 .into_iter()
                 .map(|t| t.name),
         );
@@ -338,7 +338,7 @@ pub async fn create_internal_topics(
     name: &str,
     shards: u32,
 ) {
-    for topic in topk_api::topics::internal_topics(namespace, name, shards) {
+    for topic in topk_api::topics::internal_topics(namespace, name, shards, false) {
         let config: &[(&str, &str)] = if topic.compacted {
             &[("cleanup.policy", "compact")]
         } else {
@@ -496,6 +496,20 @@ pub fn reading_consumer(kafka: &ClientConfig, prefix: &str) -> BaseConsumer {
         .expect("consumer")
 }
 
+/// Where `consumer` reads `topic`/`partition` next (0 before it has read).
+fn position(consumer: &BaseConsumer, topic: &str, partition: i32) -> i64 {
+    consumer
+        .position()
+        .ok()
+        .and_then(
+            |list| match list.find_partition(topic, partition)?.offset() {
+                Offset::Offset(at) => Some(at),
+                _ => None,
+            },
+        )
+        .unwrap_or(0)
+}
+
 /// A record as read back by [`read_partition`].
 #[derive(Debug, Clone)]
 pub struct ReadRecord {
@@ -528,10 +542,13 @@ pub fn read_partition(kafka: &ClientConfig, topic: &str, partition: i32) -> Vec<
             "reading {topic}/{partition}: stuck at {next} of {high}"
         );
         let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
+            // Transaction markers and aborted records are never delivered: the position
+            // moves past them (only committed records are read, librdkafka's default).
+            next = next.max(position(&consumer, topic, partition));
             continue;
         };
         let msg = msg.expect("message");
-        next = msg.offset() + 1;
+        next = (msg.offset() + 1).max(position(&consumer, topic, partition));
         let headers = msg
             .headers()
             .map(|h| {

@@ -36,13 +36,21 @@ pub fn settings(
         )));
     }
     let timing = &config.worker;
+    let (input_topic, internal) = config.worker_input();
+    // The combiners' sums are on the internal cluster; librdkafka reads only what their
+    // transactions committed (`isolation.level` defaults to read_committed).
+    let kafka = if internal {
+        KafkaClients::one_cluster(kafka.internal)
+    } else {
+        kafka
+    };
     Ok(WorkerSettings {
         name: config.name.clone(),
         ordinal,
         engine,
         config_version: config.config_version(),
         kafka,
-        input_topic: config.kafka.input_topic.clone(),
+        input_topic: input_topic.to_owned(),
         topics: config.kafka.topics.clone(),
         state_dir: PathBuf::from("/var/lib/topk"),
         checkpoint_every: std_duration(timing.checkpoint_interval),

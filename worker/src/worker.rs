@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
@@ -35,7 +34,7 @@ use crate::metrics::{
 use topk_runtime::control::Report;
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::now_ms;
-use topk_runtime::output::{DeliveryCounter, send};
+use topk_runtime::output::{DeliveryCounter, dead_letter, send};
 
 /// Everything a worker needs to know, resolved from its flags and the rendered config.
 #[derive(Debug, Clone)]
@@ -288,24 +287,7 @@ impl Sink {
 
     /// Sends `payload` to the dead letters with why and where it came from (its key).
     fn send_dead_letter(&self, payload: &[u8], reason: &str, source: &str) -> Result<(), Error> {
-        let mut headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "reason",
-                value: Some(reason),
-            })
-            .insert(Header {
-                key: "source",
-                value: Some(source),
-            });
-        // A payload too large for a record keeps its start; the whole one stays at `source`.
-        let kept = &payload[..payload.len().min(DEAD_LETTER_PAYLOAD_BYTES)];
-        if kept.len() < payload.len() {
-            let length = payload.len().to_string();
-            headers = headers.insert(Header {
-                key: "truncated_from",
-                value: Some(&length),
-            });
-        }
+        let (kept, headers) = dead_letter(payload, reason, source);
         send(
             &self.producer,
             BaseRecord::to(&self.settings.topics.dead_letters)
@@ -398,13 +380,19 @@ impl Sink {
     }
 }
 
+/// Where a shard's input has been read to: its next offset, or the consumer's position when
+/// that has moved past offsets that are not messages (see [`Worker::positions`]).
+fn read_to(positions: &BTreeMap<i32, i64>, shard: u32, owned: &Owned) -> i64 {
+    positions
+        .get(&(shard as i32))
+        .map_or(owned.next_offset, |at| owned.next_offset.max(*at))
+}
+
 const LAG_CHECK_EVERY: Duration = Duration::from_secs(10);
 /// Messages handled between looks at the clock-driven work (at most about a millisecond).
 const HOUSEKEEPING_EVERY: u32 = 1024;
 /// Messages taken from the consumer at a time.
 const BATCH: usize = 64;
-/// Most of a rejected payload a dead letter holds: well inside the producer's 1 MB limit.
-const DEAD_LETTER_PAYLOAD_BYTES: usize = 512 * 1024;
 /// How long a checkpoint waits for the broker to acknowledge earlier output.
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
 
@@ -559,6 +547,7 @@ impl Worker {
             .map(|(s, _)| *s)
             .collect();
         let mut moved = false;
+        let positions = self.positions();
         for shard in shards {
             // Idle means no new input, not a slow fetch: only a caught-up shard moves.
             let high = self
@@ -574,7 +563,7 @@ impl Worker {
                 continue;
             };
             owned.last_event = Instant::now();
-            if !high.is_ok_and(|high| owned.next_offset >= high) {
+            if !high.is_ok_and(|high| read_to(&positions, shard, owned) >= high) {
                 continue;
             }
             if owned
@@ -667,13 +656,12 @@ impl Worker {
         Ok(())
     }
 
-    /// Consumer lag per shard: a broker round trip per shard, so not on every checkpoint.
-    fn measure_lag(&mut self) {
-        // Past the last message counted, a partition may hold offsets never delivered as
-        // messages (a transactional producer's markers, aborted events): the consumer's
-        // position has moved past those, so they are no lag.
-        let positions: BTreeMap<i32, i64> = self
-            .input
+    /// The consumer's position per input partition. Past the last message counted, a
+    /// partition may hold offsets never delivered as messages (a transactional producer's
+    /// markers, aborted events, as on the combiners' partials): the position has moved past
+    /// those, so they are neither lag nor unread input.
+    fn positions(&self) -> BTreeMap<i32, i64> {
+        self.input
             .consumer()
             .position()
             .map(|list| {
@@ -685,16 +673,19 @@ impl Worker {
                     })
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// Consumer lag per shard: a broker round trip per shard, so not on every checkpoint.
+    fn measure_lag(&mut self) {
+        let positions = self.positions();
         for (shard, owned) in &self.owned {
             if let Ok((_, high)) = self.input.consumer().fetch_watermarks(
                 &self.sink.settings.input_topic,
                 *shard as i32,
                 Duration::from_secs(1),
             ) {
-                let read_to = positions
-                    .get(&(*shard as i32))
-                    .map_or(owned.next_offset, |at| owned.next_offset.max(*at));
+                let read_to = read_to(&positions, *shard, owned);
                 self.sink
                     .health
                     .metrics

@@ -35,7 +35,7 @@ pub async fn await_internal_topics(env: &TestEnv, ns: &str, name: &str, shards: 
 /// [`await_internal_topics`] on the broker `kafka` points at.
 pub async fn await_internal_topics_on(kafka: &ClientConfig, ns: &str, name: &str, shards: u32) {
     let admin: AdminClient<DefaultClientContext> = kafka.create().expect("admin");
-    let internal = topk_api::topics::internal_topics(ns, name, shards);
+    let internal = topk_api::topics::internal_topics(ns, name, shards, false);
     topk_testenv::await_some(
         &format!("{name}'s internal topics"),
         Duration::from_secs(90),
