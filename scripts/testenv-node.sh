@@ -296,6 +296,9 @@ exec java ${KAFKA_HEAP_OPTS:--Xmx256m} -Dlog4j2.configurationFile=/opt/kafka/con
 EOF
   printf '#!/bin/sh\nexec /opt/kafka/bin/kafka-run-class.sh org.apache.kafka.tools.TopicCommand "$@"\n' \
     >"$r/opt/kafka/bin/kafka-topics.sh"
+  # A producer that knows nothing of topk (no keys), as the upstream image has it.
+  printf '#!/bin/sh\nexec /opt/kafka/bin/kafka-run-class.sh org.apache.kafka.tools.ConsoleProducer "$@"\n' \
+    >"$r/opt/kafka/bin/kafka-console-producer.sh"
   # KAFKA_FOO_BAR=v becomes foo.bar=v (a double underscore is a dash, a triple one an
   # underscore), as the upstream image does; then format the storage once and run.
   cat >"$r/etc/kafka/docker/run" <<'EOF'

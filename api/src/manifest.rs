@@ -1283,6 +1283,33 @@ spec:
     }
 
     #[test]
+    fn combiners_need_an_input_keyed_by_anything_and_a_sane_interval() {
+        let keyed = format!("{ISSUE_EXAMPLE}  combiners: {{replicas: 2, flushInterval: 2m}}\n");
+        let err = load_manifest(&keyed)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "spec.combiners only run for spec.source.partitionedBy: any",
+            "spec.combiners.flushInterval must be positive and at most 1m",
+        ] {
+            assert!(err.contains(want), "missing {want:?} in {err}");
+        }
+        let any = format!(
+            "{}  combiners: {{replicas: 2}}\n",
+            ISSUE_EXAMPLE.replace(
+                "topic: api-events}}",
+                "topic: api-events}, partitionedBy: any}"
+            )
+        );
+        let metric = load_manifest(&any).unwrap();
+        assert!(metric.spec.combines());
+        assert!(metric.spec.engine_config().is_ok());
+    }
+
+    #[test]
     fn sketch_without_approximate_and_unknown_fields_are_rejected() {
         let exact = ISSUE_EXAMPLE.replace("mode: approximate", "mode: exact");
         let err = load_manifest(&exact)

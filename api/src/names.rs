@@ -10,6 +10,8 @@ pub struct Names {
     pub reducer: String,
     /// The ingest gateway's Deployment, Service and disruption budget.
     pub ingest: String,
+    /// The combiners' StatefulSet, headless Service and disruption budget.
+    pub combiner: String,
     pub data_plane: String,
     /// Where workers report the assignment version they have applied (key `worker-N`).
     pub worker_reports: String,
@@ -24,6 +26,7 @@ impl Names {
             worker: format!("{name}-worker"),
             reducer: format!("{name}-reducer"),
             ingest: format!("{name}-ingest"),
+            combiner: format!("{name}-combiner"),
             data_plane: format!("{name}-data-plane"),
             worker_reports: format!("{name}-worker-reports"),
         }

@@ -64,7 +64,7 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
         .expect("the documented manifest is accepted");
     assert_eq!(created.spec.shards, 4);
 
-    let cases: [(&str, Edit, &str); 6] = [
+    let cases: [(&str, Edit, &str); 7] = [
         (
             "bucket-7s",
             |m| m.replace("bucket: 10s", "bucket: 7s"),
@@ -112,6 +112,11 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
             },
             "scope and tlsTrustedCertificates belong to type oauth",
         ),
+        (
+            "combiners-on-keyed-input",
+            |m| format!("{m}  combiners: {{replicas: 2}}\n"),
+            "combiners only run for source.partitionedBy: any",
+        ),
     ];
     for (name, edit, message) in cases {
         let mut bad = manifest(edit);
@@ -145,6 +150,25 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
             status.message
         ),
         other => panic!("expected shards to be immutable, got {other:?}"),
+    }
+    // So is how the input is keyed: the workers' input would change under them.
+    let patch = serde_json::json!({"spec": {"source": {"partitionedBy": "any"}}});
+    match api
+        .patch(
+            "api-requests",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains("source.partitionedBy cannot change"),
+            "{}",
+            status.message
+        ),
+        other => panic!("expected partitionedBy to be immutable, got {other:?}"),
     }
     let scale = serde_json::json!({"spec": {"replicas": 3}});
     api.patch_scale(

@@ -367,6 +367,22 @@ windows:
         .await;
     }
 
+    /// Waits until `ready` reports two ready pods (of a workload the metric runs besides its
+    /// workers and reducers) and metric `plays` is `Ready`.
+    async fn await_ready_with<F, Fut>(&self, ns: &str, what: &str, ready: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Option<i32>>,
+    {
+        await_some(what, WAIT, || async {
+            let pods = ready().await?;
+            let status = self.metric(ns, "plays").await?.status?;
+            let condition = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (pods == 2 && condition.status == "True").then_some(())
+        })
+        .await;
+    }
+
     /// Annotates metric `plays` with a new value: a watch event, so the operator reconciles
     /// it now.
     async fn poke(&self, ns: &str) {
@@ -1157,22 +1173,20 @@ async fn events_posted_to_the_ingest_gateway_are_counted_and_removing_it_deletes
         .await;
     let names = topk_api::names::Names::of("plays");
     let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), ns);
-    await_some(
-        "two ready ingest gateways, and the metric Ready",
-        WAIT,
-        || async {
-            let ready = deployments
-                .get(&names.ingest)
-                .await
-                .ok()?
-                .status?
-                .ready_replicas?;
-            let status = cluster.metric(ns, "plays").await?.status?;
-            let condition = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-            (ready == 2 && condition.status == "True").then_some(())
-        },
-    )
-    .await;
+    cluster
+        .await_ready_with(
+            ns,
+            "two ready ingest gateways, and the metric Ready",
+            || async {
+                deployments
+                    .get(&names.ingest)
+                    .await
+                    .ok()?
+                    .status?
+                    .ready_replicas
+            },
+        )
+        .await;
 
     // Producers with no Kafka client POST JSON lines to the Service (here through the API
     // server's proxy); one bad event is rejected at its index, the others counted exactly.
@@ -1232,6 +1246,113 @@ async fn events_posted_to_the_ingest_gateway_are_counted_and_removing_it_deletes
     })
     .await;
     await_exact(&cluster, ns, "plays", &counts).await;
+}
+
+/// Writes `lines` to `topic` with Kafka's own console producer in the dev broker's pod: no key,
+/// so records land wherever that producer puts them, as a producer that knows nothing of topk
+/// writes them.
+fn produce_unkeyed(cluster: &Cluster, topic: &str, lines: &str) {
+    let mut child = Command::new("kubectl")
+        .args([
+            "exec",
+            "-i",
+            "-n",
+            &cluster.system,
+            &cluster.kafka_pod(),
+            "--",
+        ])
+        .args([
+            "/opt/kafka/bin/kafka-console-producer.sh",
+            "--bootstrap-server",
+        ])
+        .args(["localhost:9092", "--topic", topic])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("kubectl exec");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(lines.as_bytes())
+        .expect("write events");
+    assert!(
+        child.wait().expect("kubectl exec").success(),
+        "console producer failed"
+    );
+}
+
+#[tokio::test]
+async fn a_topic_keyed_by_anything_is_combined_and_counted_exactly() {
+    let Some(cluster) = Cluster::get("combiners").await else {
+        return;
+    };
+    let scenario = cluster.scenario("combine").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    // Not one partition per shard: combiners read any layout.
+    cluster.create_topic(&topic, 3);
+    let spec = r#"
+shards: 4
+k: 5
+workers: {replicas: 2, idleTimeout: 2s}
+allowedLateness: 2s
+combiners: {replicas: 2, flushInterval: 1s, resources: {requests: {cpu: 100m}}}
+windows:
+  - {name: 1h, length: 1h, bucket: 1m}
+  - {name: all, allTime: true, bucket: 10s}
+"#;
+    let source = format!(
+        "bootstrapServers: \"{}\", topic: {topic}",
+        cluster.bootstrap()
+    );
+    let mut metric: TopKMetric =
+        topk_api::load_manifest(&metric_manifest_from("plays", "plays", &source, spec))
+            .expect("manifest");
+    metric.spec.source.partitioned_by = topk_api::manifest::PartitionedBy::Any;
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), ns)
+        .create(&PostParams::default(), &metric)
+        .await
+        .expect("create TopKMetric");
+    let names = topk_api::names::Names::of("plays");
+    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), ns);
+    cluster
+        .await_ready_with(ns, "two ready combiners, and the metric Ready", || async {
+            sets.get(&names.combiner).await.ok()?.status?.ready_replicas
+        })
+        .await;
+
+    let mut counts = BTreeMap::new();
+    for round in [3, 6] {
+        let keys = plays(round);
+        let now = now_ms();
+        let lines: String = keys
+            .iter()
+            .map(|key| {
+                format!(
+                    "{}\n",
+                    json!({"event_time": now, "metric": "plays", "key": key})
+                )
+            })
+            .collect();
+        produce_unkeyed(&cluster, &topic, &lines);
+        add(&mut counts, &keys);
+        await_exact(&cluster, ns, "plays", &counts).await;
+    }
+    // Fewer sums than events reached the workers.
+    let events: u64 = counts.values().sum();
+    let mut partials = 0.0;
+    for ordinal in 0..2 {
+        let pod = format!("{}-{ordinal}", names.combiner);
+        partials += cluster
+            .pod_metric(ns, &pod, 8080, "topk_combiner_partials_total")
+            .await
+            .expect("a combiner's metrics");
+    }
+    assert!(
+        partials > 0.0 && partials < events as f64,
+        "{partials} sums for {events} events"
+    );
 }
 
 #[tokio::test]

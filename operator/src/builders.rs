@@ -113,6 +113,16 @@ pub struct Desired {
     pub reducer_pdb: PodDisruptionBudget,
     /// Only when the spec asks for the ingest gateway.
     pub ingest: Option<Ingest>,
+    /// Only for an input not keyed for topk (`source.partitionedBy: any`).
+    pub combiners: Option<Combiners>,
+}
+
+/// The combiners' objects: stateless pods with ordinals (each reads the input partitions of
+/// its ordinal), their offsets in Kafka.
+pub struct Combiners {
+    pub service: Service,
+    pub statefulset: StatefulSet,
+    pub pdb: PodDisruptionBudget,
 }
 
 /// The ingest gateway's objects: stateless pods behind a ClusterIP Service.
@@ -380,7 +390,92 @@ pub fn desired(
         reducer: statefulset(metric, &names, "reducer", reducers, &config, settings)?,
         reducer_pdb: pdb(metric, &names.reducer, "reducer")?,
         ingest: ingest(metric, &names, &config, settings)?,
+        combiners: combiners(metric, &names, &config, settings)?,
     })
+}
+
+/// A stateless data-plane pod running `topk <command>` that never calls the Kubernetes API:
+/// no service account token is mounted.
+fn tokenless_pod(
+    names: &Names,
+    command: &str,
+    settings: &Settings,
+    resources: ResourceRequirements,
+    kafka: &KafkaConfig,
+) -> PodSpec {
+    let main = http_container(container(command, &[], settings, resources));
+    let mut pod = pod_spec(names, main, Vec::new(), kafka);
+    pod.automount_service_account_token = Some(false);
+    pod
+}
+
+/// The template of a stateless data-plane pod: `main` in the data plane's pod, labelled as
+/// `component`, carrying the rollout hash of what it reads.
+fn stateless_template(
+    metric: &TopKMetric,
+    component: &str,
+    pod: PodSpec,
+    config_hash: String,
+) -> PodTemplateSpec {
+    let mut pod_labels = labels(metric, component);
+    pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: Some(BTreeMap::from([(
+                CONFIG_HASH_ANNOTATION.to_owned(),
+                config_hash,
+            )])),
+            ..Default::default()
+        }),
+        spec: Some(pod),
+    }
+}
+
+/// The combiners when the input is not keyed for topk: a StatefulSet for the ordinals (no
+/// volume: a combiner's offsets are committed to Kafka with its sums), a headless Service
+/// and a disruption budget.
+fn combiners(
+    metric: &TopKMetric,
+    names: &Names,
+    config: &DataPlaneConfig,
+    settings: &Settings,
+) -> Result<Option<Combiners>, Error> {
+    const COMPONENT: &str = "combiner";
+    let Some(combine) = config.combine.as_ref() else {
+        return Ok(None);
+    };
+    let resources = metric
+        .spec
+        .combiners
+        .as_ref()
+        .and_then(|c| c.resources.clone())
+        .unwrap_or_else(|| default_resources(COMBINER_RESOURCES));
+    // Combiners read their config and Secrets from files and never call the API.
+    let pod = tokenless_pod(names, "combine", settings, resources, &config.kafka);
+    let statefulset = StatefulSet {
+        metadata: meta(metric, &names.combiner, COMPONENT)?,
+        spec: Some(StatefulSetSpec {
+            replicas: Some(combine.replicas as i32),
+            service_name: Some(names.combiner.clone()),
+            // A replacement fences its predecessor's transactions itself: no need to wait.
+            pod_management_policy: Some("Parallel".to_owned()),
+            selector: label_selector(metric, COMPONENT),
+            template: stateless_template(
+                metric,
+                COMPONENT,
+                pod,
+                config.rollout_hash(Component::Combiner),
+            ),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    Ok(Some(Combiners {
+        service: headless_service(metric, &names.combiner, COMPONENT)?,
+        statefulset,
+        pdb: pdb(metric, &names.combiner, COMPONENT)?,
+    }))
 }
 
 /// The ingest gateway (`topk ingest`) when the spec asks for one: a Deployment rolled one new
@@ -400,12 +495,14 @@ fn ingest(
         .resources
         .clone()
         .unwrap_or_else(|| default_resources(INGEST_RESOURCES));
-    let main = http_container(container(COMPONENT, &[], settings, resources));
-    let mut pod = pod_spec(names, main, Vec::new(), &config.kafka.input_only());
     // The gateway faces other services and never calls the API: no token in its pods.
-    pod.automount_service_account_token = Some(false);
-    let mut pod_labels = labels(metric, COMPONENT);
-    pod_labels.insert("topk.io/component".to_owned(), COMPONENT.to_owned());
+    let pod = tokenless_pod(
+        names,
+        COMPONENT,
+        settings,
+        resources,
+        &config.kafka.input_only(),
+    );
     let deployment = Deployment {
         metadata: meta(metric, &names.ingest, COMPONENT)?,
         spec: Some(DeploymentSpec {
@@ -418,17 +515,12 @@ fn ingest(
                     max_surge: Some(IntOrString::Int(1)),
                 }),
             }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    annotations: Some(BTreeMap::from([(
-                        CONFIG_HASH_ANNOTATION.to_owned(),
-                        config.rollout_hash(Component::Ingest),
-                    )])),
-                    ..Default::default()
-                }),
-                spec: Some(pod),
-            },
+            template: stateless_template(
+                metric,
+                COMPONENT,
+                pod,
+                config.rollout_hash(Component::Ingest),
+            ),
             ..Default::default()
         }),
         status: None,
@@ -645,6 +737,8 @@ const REDUCER_RESOURCES: (&str, &str, &str) = ("250m", "256Mi", "1Gi");
 const RECOUNT_RESOURCES: (&str, &str, &str) = ("500m", "256Mi", "1Gi");
 /// The gateway holds at most its producer queue (100k records) and the requests in flight.
 const INGEST_RESOURCES: (&str, &str, &str) = ("250m", "128Mi", "512Mi");
+/// A combiner holds at most 200k sums per input partition it reads between flushes.
+const COMBINER_RESOURCES: (&str, &str, &str) = ("250m", "256Mi", "1Gi");
 
 fn default_resources((cpu, memory, memory_limit): (&str, &str, &str)) -> ResourceRequirements {
     ResourceRequirements {

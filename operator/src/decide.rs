@@ -56,6 +56,9 @@ pub struct Observation {
     /// The ingest gateway's Deployment, when one exists.
     #[serde(default)]
     pub ingest: Option<Deployment>,
+    /// The combiners' StatefulSet, when one exists.
+    #[serde(default)]
+    pub combiner: Option<StatefulSet>,
     /// The metric's recount Jobs, listed while its recount is enabled.
     #[serde(default)]
     pub recount_jobs: Vec<Job>,
@@ -340,18 +343,14 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         ));
     }
     let mut objects = builders::desired(metric, &rollout, settings)?;
+    let secrets = o.kafka_secrets.as_deref();
+    let mut rotated = Vec::new();
     for (desired, live) in [
         (&mut objects.worker, o.worker.as_ref()),
         (&mut objects.reducer, o.reducer.as_ref()),
     ] {
-        if builders::stamp_credentials(desired, live, o.kafka_secrets.as_deref()) {
-            notes.push(Note::normal(
-                "KafkaCredentialsRotated",
-                format!(
-                    "{}: a Kafka Secret the metric reads changed; its pods roll to read it",
-                    desired.metadata.name.clone().unwrap_or_default()
-                ),
-            ));
+        if builders::stamp_credentials(desired, live, secrets) {
+            rotated.push(desired.metadata.name.clone());
         }
         if builders::keep_claim_templates(desired, live) {
             warnings.push(format!(
@@ -360,18 +359,22 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
             ));
         }
     }
-    if let Some(ingest) = objects.ingest.as_mut()
-        && builders::stamp_credentials(
-            &mut ingest.deployment,
-            o.ingest.as_ref(),
-            o.kafka_secrets.as_deref(),
-        )
+    if let Some(combiners) = objects.combiners.as_mut()
+        && builders::stamp_credentials(&mut combiners.statefulset, o.combiner.as_ref(), secrets)
     {
+        rotated.push(combiners.statefulset.metadata.name.clone());
+    }
+    if let Some(ingest) = objects.ingest.as_mut()
+        && builders::stamp_credentials(&mut ingest.deployment, o.ingest.as_ref(), secrets)
+    {
+        rotated.push(ingest.deployment.metadata.name.clone());
+    }
+    for name in rotated {
         notes.push(Note::normal(
             "KafkaCredentialsRotated",
             format!(
                 "{}: a Kafka Secret the metric reads changed; its pods roll to read it",
-                ingest.deployment.metadata.name.clone().unwrap_or_default()
+                name.unwrap_or_default()
             ),
         ));
     }
@@ -419,6 +422,20 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
             .as_ref()
             .and_then(|d| d.status.as_ref()?.ready_replicas),
     );
+    let desired_combiners = count(
+        objects
+            .combiners
+            .as_ref()
+            .and_then(|c| c.statefulset.spec.as_ref()?.replicas),
+    );
+    let ready_combiners = ready_replicas(o.combiner.as_ref());
+    let mut extra_summary = String::new();
+    if desired_combiners > 0 {
+        extra_summary.push_str(&format!(
+            ", combiners ready {}/{desired_combiners}",
+            ready_combiners.min(desired_combiners)
+        ));
+    }
     let ingest_summary = if desired_ingest > 0 {
         format!(
             ", ingest ready {}/{desired_ingest}",
@@ -431,7 +448,8 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         && step.progress.is_none()
         && ready_workers >= desired_workers
         && ready_reducers >= desired_reducers
-        && ready_ingest >= desired_ingest;
+        && ready_ingest >= desired_ingest
+        && ready_combiners >= desired_combiners;
     status.workers = Some(WorkersStatus {
         replicas: desired_workers as i32,
         ready: ready_workers.min(desired_workers) as i32,
@@ -494,7 +512,7 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
                 }
             } else {
                 format!(
-                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}{ingest_summary}"
+                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}{extra_summary}{ingest_summary}"
                 )
             },
         ),

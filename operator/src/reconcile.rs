@@ -224,6 +224,7 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
         worker: None,
         reducer: None,
         ingest: None,
+        combiner: None,
         recount_jobs: Vec::new(),
         recount_pods: Vec::new(),
     };
@@ -251,6 +252,9 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
     }
     observation.worker = statefulsets.get_opt(&names.worker).await?;
     observation.reducer = statefulsets.get_opt(&names.reducer).await?;
+    if metric.spec.combines() {
+        observation.combiner = statefulsets.get_opt(&names.combiner).await?;
+    }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     observation.ingest = deployments.get_opt(&names.ingest).await?;
     if metric.spec.recount_settings().enabled {
@@ -307,6 +311,14 @@ async fn act(
         for (component, sts) in [("worker", desired.worker), ("reducer", desired.reducer)] {
             let note = decide::rolled_out(component, &sts);
             if apply(client, ns, sts).await? {
+                notes.push(note);
+            }
+        }
+        if let Some(combiners) = desired.combiners {
+            apply(client, ns, combiners.service).await?;
+            apply(client, ns, combiners.pdb).await?;
+            let note = decide::rolled_out("combiner", &combiners.statefulset);
+            if apply(client, ns, combiners.statefulset).await? {
                 notes.push(note);
             }
         }

@@ -615,3 +615,71 @@ fn the_ingest_gateway_is_built_only_when_asked_for_with_input_credentials_and_no
     assert_eq!(ingest_hash(&changed), ingest_hash(&d));
     assert_ne!(hash(&changed.worker), hash(&d.worker));
 }
+
+#[test]
+fn combiners_run_only_for_an_input_not_keyed_for_topk_without_volumes_or_api_token() {
+    let mut metric = fixture();
+    let build = |metric: &TopKMetric| {
+        desired(
+            metric,
+            &Rollout::settled(metric, plan(8, None, 3)),
+            &Settings::default(),
+        )
+        .expect("desired")
+    };
+    assert!(
+        build(&metric).combiners.is_none(),
+        "keyed input: no combiners"
+    );
+
+    metric.spec.source.partitioned_by = topk_api::manifest::PartitionedBy::Any;
+    metric.spec.combiners = Some(
+        serde_json::from_value(serde_json::json!({"replicas": 3, "flushInterval": "1s"}))
+            .expect("combiners"),
+    );
+    let d = build(&metric);
+    let combiners = d.combiners.as_ref().expect("the combiners' objects");
+    for meta in [
+        &combiners.statefulset.metadata,
+        &combiners.service.metadata,
+        &combiners.pdb.metadata,
+    ] {
+        assert_eq!(meta.name.as_deref(), Some("api-requests-combiner"));
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["app.kubernetes.io/component"],
+            "combiner"
+        );
+    }
+    let spec = combiners.statefulset.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    assert!(
+        spec.volume_claim_templates.is_none(),
+        "offsets live in Kafka"
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(
+        pod.containers[0].args.as_deref().unwrap(),
+        ["combine", "--config", "/etc/topk/metric.json"]
+    );
+    // The workers read the partials; the rendered config says so.
+    let config = rendered(&d);
+    let combine = config.combine.as_ref().expect("combine config");
+    assert_eq!(
+        config.worker_input(),
+        (combine.topics.partials.as_str(), true)
+    );
+    assert_eq!(combine.flush_interval.as_millis(), 1_000);
+
+    // The flush interval and replicas roll the combiners only.
+    let mut slower = metric.clone();
+    slower.spec.combiners.as_mut().unwrap().flush_interval =
+        Some(topk_api::Duration::from_millis(5_000));
+    slower.spec.combiners.as_mut().unwrap().replicas = 4;
+    let changed = build(&slower);
+    let combiner_hash =
+        |d: &topk_operator::builders::Desired| hash(&d.combiners.as_ref().unwrap().statefulset);
+    assert_ne!(combiner_hash(&changed), combiner_hash(&d));
+    assert_eq!(hash(&changed.worker), hash(&d.worker));
+    assert_eq!(hash(&changed.reducer), hash(&d.reducer));
+}

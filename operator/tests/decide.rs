@@ -403,3 +403,17 @@ fn the_ingest_gateway_counts_towards_ready_and_is_deleted_when_the_spec_drops_it
     o.ingest = None;
     assert!(!decided(&o).delete_ingest);
 }
+
+#[test]
+fn combiners_count_towards_ready() {
+    let mut o = fixture("created.yaml");
+    o.metric.spec.source.partitioned_by = topk_api::manifest::PartitionedBy::Any;
+    o.metric.spec.combiners =
+        Some(serde_json::from_value(serde_json::json!({"replicas": 2})).expect("combiners"));
+    let d = decided(&o);
+    assert!(d.objects.as_ref().unwrap().combiners.is_some());
+    assert_eq!(
+        condition(&d, "Ready").message,
+        "workers ready 0/2, reducers ready 0/1, combiners ready 0/2"
+    );
+}
