@@ -561,3 +561,35 @@ fn committed_offsets(
     }
     Ok(found)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_input_partition_has_exactly_one_combiner() {
+        for partitions in [1, 3, 12, 64] {
+            for replicas in [1, 2, 5, 70] {
+                let mut seen = vec![0; partitions as usize];
+                for ordinal in 0..replicas {
+                    for p in owned_partitions(partitions, ordinal, replicas) {
+                        seen[p as usize] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|n| *n == 1), "{partitions} over {replicas}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_dead_combiners_transaction_ends_within_five_flushes_or_ten_seconds() {
+        assert_eq!(
+            transaction_timeout(Duration::from_secs(2)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            transaction_timeout(Duration::from_secs(60)),
+            Duration::from_secs(300)
+        );
+    }
+}
