@@ -44,6 +44,7 @@ use topk_runtime::probes::{self, Probes};
 
 pub use error::Error;
 use metrics::{Metrics, OutcomeLabel, ReasonLabel};
+use prometheus_client::metrics::counter::Counter;
 use sums::Sums;
 
 /// What combiner `ordinal` runs by.
@@ -268,11 +269,21 @@ impl Combiner {
             parser,
             mut partitions,
         } = self;
+        // Taken once: a family lookup per event would lock and hash on the hot path.
+        let counted = |outcome| {
+            health
+                .metrics
+                .events
+                .get_or_create(&OutcomeLabel { outcome })
+                .clone()
+        };
         let shell = Shell {
             settings: &settings,
             health: &health,
             input: &input,
             parser,
+            summed: counted("summed"),
+            rejected: counted("rejected"),
         };
         let flush_every = std_duration(settings.combine.flush_interval);
         let mut last_flush = Instant::now();
@@ -303,6 +314,8 @@ struct Shell<'a> {
     health: &'a Health,
     input: &'a InputConsumer,
     parser: EventParser,
+    summed: Counter,
+    rejected: Counter,
 }
 
 impl Shell<'_> {
@@ -332,12 +345,12 @@ impl Shell<'_> {
             .parser
             .parse(payload)
             .and_then(|e| check_event(engine, &e, reference_ms, None).map(|()| e));
-        let outcome = match checked {
+        match checked {
             Ok(event) => {
                 partition
                     .sums
                     .add(&event.scope, &event.key, event.time_ms, event.cost);
-                "summed"
+                self.summed.inc();
             }
             Err(reason) => {
                 metrics
@@ -350,13 +363,9 @@ impl Shell<'_> {
                 partition
                     .dead_letters
                     .push((payload.to_vec(), reason.as_str(), source));
-                "rejected"
+                self.rejected.inc();
             }
-        };
-        metrics
-            .events
-            .get_or_create(&OutcomeLabel { outcome })
-            .inc();
+        }
         partition.sums.groups() >= MAX_SUMS_PER_PARTITION
     }
 
