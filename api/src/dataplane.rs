@@ -444,10 +444,21 @@ impl DataPlaneConfig {
         } else {
             &self.kafka
         };
+        // Only workers dedupe: a change to it restarts nothing else.
+        let without_dedupe;
+        let engine = if component == Component::Worker {
+            &self.engine
+        } else {
+            without_dedupe = EngineConfig {
+                dedupe: None,
+                ..self.engine.clone()
+            };
+            &without_dedupe
+        };
         hash_of(&Rollout {
             name: &self.name,
             namespace: &self.namespace,
-            engine: &self.engine,
+            engine,
             kafka,
             worker: (component == Component::Worker).then_some(&self.worker),
             reducer: (component == Component::Reducer).then_some(&self.reducer),
@@ -701,6 +712,18 @@ mod tests {
             ("maxKeyBytes", "/maxKeyBytes", json!(200), Restarts(ALL)),
             ("maxScopeBytes", "/maxScopeBytes", json!(200), Restarts(ALL)),
             ("maxScopes", "/maxScopes", json!(20), Restarts(ALL)),
+            (
+                "dedupe.horizon",
+                "/dedupe/horizon",
+                json!("5m"),
+                Restarts(&[Component::Worker]),
+            ),
+            (
+                "dedupe.maxIdsPerShard",
+                "/dedupe/maxIdsPerShard",
+                json!(500),
+                Restarts(&[Component::Worker]),
+            ),
             (
                 "windows[].name",
                 "/windows/0/name",
@@ -1164,10 +1187,20 @@ mod tests {
                 "spec.{field} is neither rendered into the data-plane config nor left out with a reason: add it to DataPlaneConfig::from_metric and to routes()"
             );
         }
-        let base_spec = full_spec();
-        let base = config(&base_spec);
+        let full = full_spec();
         for (path, pointer, value, route) in table {
             assert!(fields.iter().any(|f| f == path), "{path} is not in the CRD");
+            // Dedupe needs a keyed input, the full spec's is combined.
+            let base_spec = if path.starts_with("dedupe.") {
+                let mut spec = full.clone();
+                spec["source"]["partitionedBy"] = json!("key");
+                spec.as_object_mut().expect("object").remove("combiners");
+                spec["dedupe"] = json!({"horizon": "1m", "maxIdsPerShard": 1000});
+                spec
+            } else {
+                full.clone()
+            };
+            let base = config(&base_spec);
             let changed = if path == "mode" {
                 let mut spec = base_spec.clone();
                 spec["mode"] = json!("exact");

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use topk_engine::dedupe::DedupeConfig;
 use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
 
 use crate::duration::Duration;
@@ -105,6 +106,8 @@ const DEFAULT_CANDIDATES: u32 = 1000;
         .message("sketch is only allowed with mode: approximate; remove sketch or set mode: approximate"),
     validation = Rule::new("!has(self.combiners) || (has(self.source.partitionedBy) && self.source.partitionedBy == 'any')")
         .message("combiners only run for source.partitionedBy: any; remove combiners or set partitionedBy: any"),
+    validation = Rule::new("!has(self.dedupe) || !has(self.source.partitionedBy) || self.source.partitionedBy == 'key'")
+        .message("dedupe needs source.partitionedBy: key (every retry of an event on its key's shard); with combiners a retry can reach another input partition"),
     validation = Rule::new("(has(self.source.partitionedBy) ? self.source.partitionedBy : 'key') == (has(oldSelf.source.partitionedBy) ? oldSelf.source.partitionedBy : 'key')")
         .message("source.partitionedBy cannot change: the workers' input would change under their checkpoints; create a new TopKMetric"),
     validation = Rule::new("has(self.internalKafka) == has(oldSelf.internalKafka) && (!has(self.internalKafka) || self.internalKafka.bootstrapServers == oldSelf.internalKafka.bootstrapServers)")
@@ -148,6 +151,10 @@ pub struct TopKMetricSpec {
     pub max_scopes: Option<u32>,
     #[schemars(length(min = 1, max = MAX_WINDOWS))]
     pub windows: Vec<WindowSpec>,
+    /// Streaming dedupe: an `event_id` counted once is not counted again while its shard
+    /// remembers it (off when absent). Events without an id are counted as they come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe: Option<DedupeSpec>,
     /// Counter (worker) pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<WorkersSpec>,
@@ -550,6 +557,32 @@ pub struct IngestSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 }
+
+/// How long and how many `event_id`s each shard remembers. An id is remembered until the
+/// watermark passes its event's time by `horizon`; a retry carrying the original's time is
+/// caught with no horizon at all, since after that it is late anyway.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(
+    validation = Rule::new("!has(self.horizon) || duration(self.horizon) <= duration('1h')")
+        .message("dedupe.horizon must be at most 1h")
+)]
+pub struct DedupeSpec {
+    /// How long past the watermark an id is still remembered (default 0s), for producers
+    /// that stamp a retry with a new time. At most 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizon: Option<Duration>,
+    /// Most ids one shard remembers at once (default 1000000, about 40 MB); past it, new ids
+    /// are counted without being remembered, and `topk_worker_dedupe_total{outcome="not_remembered"}`
+    /// says how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DEDUPE_IDS_PER_SHARD))]
+    pub max_ids_per_shard: Option<u32>,
+}
+
+pub const DEFAULT_DEDUPE_IDS_PER_SHARD: u32 = 1_000_000;
+pub const MAX_DEDUPE_IDS_PER_SHARD: u32 = 100_000_000;
+pub const MAX_DEDUPE_HORIZON_MS: i64 = 3_600_000;
 
 /// Combiners (`topk combine`): each reads some of the input topic's partitions (partition p
 /// goes to combiner p mod replicas), sums the events per (scope, key, bucket) for a flush
@@ -1115,6 +1148,30 @@ impl TopKMetricSpec {
         if !problems.is_empty() {
             return Err(ApiError::Invalid(problems));
         }
+        let dedupe = self.dedupe.as_ref().map(|d| DedupeConfig {
+            horizon_ms: d.horizon.map_or(0, Duration::as_millis),
+            max_ids: d.max_ids_per_shard.unwrap_or(DEFAULT_DEDUPE_IDS_PER_SHARD) as usize,
+        });
+        if let Some(d) = dedupe {
+            if d.horizon_ms > MAX_DEDUPE_HORIZON_MS {
+                problems.push(format!(
+                    "spec.dedupe.horizon must be at most 1h, got {}",
+                    Duration::from_millis(d.horizon_ms)
+                ));
+            }
+            if !(1..=MAX_DEDUPE_IDS_PER_SHARD as usize).contains(&d.max_ids) {
+                problems.push(format!(
+                    "spec.dedupe.maxIdsPerShard must be between 1 and {MAX_DEDUPE_IDS_PER_SHARD}, got {}",
+                    d.max_ids
+                ));
+            }
+            if self.combines() {
+                problems.push("spec.dedupe needs source.partitionedBy: key (every retry of an event on its key's shard); with combiners a retry can reach another input partition".to_owned());
+            }
+        }
+        if !problems.is_empty() {
+            return Err(ApiError::Invalid(problems));
+        }
         let config = EngineConfig {
             metric: self.metric.clone(),
             shards: self.shards,
@@ -1131,6 +1188,7 @@ impl TopKMetricSpec {
                 .max_scopes
                 .map_or(topk_engine::config::DEFAULT_MAX_SCOPES, |n| n as usize),
             windows,
+            dedupe,
         };
         config
             .validate()
@@ -1307,6 +1365,41 @@ spec:
         let metric = load_manifest(&any).unwrap();
         assert!(metric.spec.combines());
         assert!(metric.spec.engine_config().is_ok());
+    }
+
+    #[test]
+    fn dedupe_has_defaults_limits_and_needs_a_keyed_input() {
+        let on = format!("{ISSUE_EXAMPLE}  dedupe: {{}}\n");
+        let cfg = load_manifest(&on).unwrap().spec.engine_config().unwrap();
+        assert_eq!(
+            cfg.dedupe,
+            Some(DedupeConfig {
+                horizon_ms: 0,
+                max_ids: DEFAULT_DEDUPE_IDS_PER_SHARD as usize
+            })
+        );
+        let off = load_manifest(ISSUE_EXAMPLE).unwrap().spec.engine_config();
+        assert_eq!(off.unwrap().dedupe, None);
+        let wrong = format!(
+            "{}  dedupe: {{horizon: 2h, maxIdsPerShard: 0}}\n",
+            ISSUE_EXAMPLE.replace(
+                "topic: api-events}}",
+                "topic: api-events}, partitionedBy: any}"
+            )
+        );
+        let err = load_manifest(&wrong)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "spec.dedupe.horizon must be at most 1h, got 2h",
+            "spec.dedupe.maxIdsPerShard must be between 1 and 100000000, got 0",
+            "spec.dedupe needs source.partitionedBy: key",
+        ] {
+            assert!(err.contains(want), "missing {want:?} in {err}");
+        }
     }
 
     #[test]

@@ -64,7 +64,7 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
         .expect("the documented manifest is accepted");
     assert_eq!(created.spec.shards, 4);
 
-    let cases: [(&str, Edit, &str); 7] = [
+    let cases: [(&str, Edit, &str); 9] = [
         (
             "bucket-7s",
             |m| m.replace("bucket: 10s", "bucket: 7s"),
@@ -117,6 +117,24 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
             |m| format!("{m}  combiners: {{replicas: 2}}\n"),
             "combiners only run for source.partitionedBy: any",
         ),
+        (
+            "dedupe-with-combiners",
+            |m| {
+                format!(
+                    "{}  dedupe: {{}}\n",
+                    m.replace(
+                        "topic: api-events}",
+                        "topic: api-events}, partitionedBy: any"
+                    )
+                )
+            },
+            "dedupe needs source.partitionedBy: key",
+        ),
+        (
+            "dedupe-horizon-2h",
+            |m| format!("{m}  dedupe: {{horizon: 2h}}\n"),
+            "dedupe.horizon must be at most 1h",
+        ),
     ];
     for (name, edit, message) in cases {
         let mut bad = manifest(edit);
@@ -133,6 +151,14 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
             other => panic!("{name}: expected a rejection, got {other:?}"),
         }
     }
+
+    let mut deduped =
+        manifest(|m| format!("{m}  dedupe: {{horizon: 10m, maxIdsPerShard: 5000}}\n"));
+    deduped.metadata.name = Some("deduped".to_owned());
+    let created = create(&api, &deduped)
+        .await
+        .expect("dedupe on a keyed input is accepted");
+    assert_eq!(created.spec.dedupe, deduped.spec.dedupe);
 
     // shards is immutable; the scale subresource moves workers.replicas.
     let patch = serde_json::json!({"spec": {"shards": 8}});

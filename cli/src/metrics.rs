@@ -20,6 +20,7 @@ pub struct WindowLabel {
 pub struct Metrics {
     pub registry: Registry,
     pub events_accepted: Counter,
+    pub events_duplicate: Counter,
     pub events_rejected: Family<ReasonLabel, Counter>,
     pub rankings_published: Family<WindowLabel, Counter>,
     pub watermark_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -32,11 +33,17 @@ impl Metrics {
         let mut registry = Registry::with_prefix("topk");
         registry.register("requests", "Query API responses by status code", requests);
         let events_accepted = Counter::default();
+        let events_duplicate = Counter::default();
         let events_rejected = Family::<ReasonLabel, Counter>::default();
         let rankings_published = Family::<WindowLabel, Counter>::default();
         let watermark_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         let state_bytes = Gauge::default();
         registry.register("events_accepted", "Events counted", events_accepted.clone());
+        registry.register(
+            "events_duplicate",
+            "Valid events not counted because their event_id was counted already (dedupe)",
+            events_duplicate.clone(),
+        );
         registry.register(
             "events_rejected",
             "Events not counted, by reason",
@@ -66,6 +73,7 @@ impl Metrics {
         Self {
             registry,
             events_accepted,
+            events_duplicate,
             events_rejected,
             rankings_published,
             watermark_seconds,
@@ -84,6 +92,9 @@ impl Metrics {
                         reason: reason.as_str(),
                     })
                     .inc();
+            }
+            IngestOutcome::Duplicate => {
+                self.events_duplicate.inc();
             }
             IngestOutcome::Blank => {}
         }

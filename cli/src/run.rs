@@ -51,6 +51,9 @@ struct RunReport {
     rankings: Vec<RankingRecord>,
     accepted: u64,
     rejected: BTreeMap<&'static str, u64>,
+    /// What dedupe made of the valid events (absent when it is off).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    dedupe: BTreeMap<&'static str, u64>,
 }
 
 /// Loads and validates a manifest (or the embedded default) into the config the data plane
@@ -248,6 +251,11 @@ fn report(ingestor: &Ingestor, state: &AppState, output: OutputFormat) {
                 rankings,
                 accepted: p.accepted(),
                 rejected: p.rejected().iter().map(|(r, n)| (r.as_str(), *n)).collect(),
+                dedupe: p
+                    .dedupe_outcomes()
+                    .iter()
+                    .map(|(c, n)| (c.as_str(), *n))
+                    .collect(),
             };
             println!(
                 "{}",
@@ -272,6 +280,14 @@ fn report(ingestor: &Ingestor, state: &AppState, output: OutputFormat) {
                     rejected.join(" ")
                 }
             );
+            if !p.dedupe_outcomes().is_empty() {
+                let outcomes: Vec<String> = p
+                    .dedupe_outcomes()
+                    .iter()
+                    .map(|(c, n)| format!("{}={n}", c.as_str()))
+                    .collect();
+                println!("dedupe {}", outcomes.join(" "));
+            }
         }
     }
 }

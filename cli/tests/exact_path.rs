@@ -28,6 +28,22 @@ const WAIT: Duration = Duration::from_secs(120);
 const REDELIVERED: u64 = 100;
 
 fn manifest(name: &str, env: &TestEnv, topic: &str) -> String {
+    manifest_with(
+        name,
+        env,
+        topic,
+        r#"
+mode: approximate
+sketch: {epsilon: 0.001, delta: 0.001, candidates: 20}
+allowedLateness: 1s
+recount: {grace: 1m}
+workers: {checkpointInterval: 200ms, idleTimeout: 1s}
+"#,
+    )
+}
+
+/// The exact path's metric with `counting` (mode, lateness, dedupe, workers) in its spec.
+fn manifest_with(name: &str, env: &TestEnv, topic: &str, counting: &str) -> String {
     let secure = &env.secure_kafka;
     let internal = secure.oauth_cluster(&secure.sasl_bootstrap, &secure.oauth_token_url);
     metric_manifest_from(
@@ -39,16 +55,13 @@ fn manifest(name: &str, env: &TestEnv, topic: &str) -> String {
 internalKafka: {{{internal}}}
 shards: {SHARDS}
 k: {K}
-mode: approximate
-sketch: {{epsilon: 0.001, delta: 0.001, candidates: 20}}
-allowedLateness: 1s
-recount: {{grace: 1m}}
-workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
+{}
 windows:
   - {{name: 1h, length: 1h, bucket: 5m}}
   - {{name: 24h, length: 24h, bucket: 1h}}
   - {{name: all, allTime: true, bucket: 1h}}
-"#
+"#,
+            counting.trim_matches('\n')
         ),
     )
 }
@@ -85,6 +98,32 @@ fn hour_events(start: i64, h: i64) -> Vec<Event> {
     events
 }
 
+/// A new metric name, its input topic and internal topics in `ns`, and a temp dir.
+fn metric_topics(env: &TestEnv, ns: &str) -> (String, String, tempfile::TempDir) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let name = unique_name("plays");
+    let input = unique_name("plays-input");
+    runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
+    (name, input, tempfile::tempdir().expect("tempdir"))
+}
+
+/// Sends `event` to `topic` keyed and timestamped as producers do.
+fn send(producer: &ThreadedProducer<DefaultProducerContext>, topic: &str, event: &Event) {
+    let (time, scope, key, id) = event;
+    let payload = serde_json::json!({
+        "event_time": time, "metric": "plays", "scope": scope, "key": key, "event_id": id,
+    })
+    .to_string();
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .key(&message_key("plays", scope, key))
+                .payload(&payload)
+                .timestamp(*time),
+        )
+        .expect("enqueue");
+}
+
 /// The exact top k per scope of counts.
 fn top(counts: &BTreeMap<(String, String), u64>, scope: &str) -> Vec<(String, u64)> {
     let mut list: Vec<(String, u64)> = counts
@@ -102,12 +141,8 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     let Some(env) = TestEnv::get("exact path end to end") else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let ns = "exact";
-    let name = unique_name("plays");
-    let input = unique_name("plays-input");
-    runtime.block_on(env.create_metric_topics(ns, &name, &input, SHARDS));
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (name, input, dir) = metric_topics(&env, ns);
     let config = common::rendered_config(dir.path(), &manifest(&name, &env, &input), ns);
     let rendered = std::fs::read_to_string(&config).expect("rendered config");
     assert!(
@@ -148,21 +183,11 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
             } else {
                 1
             };
-            let payload = serde_json::json!({
-                "event_time": time, "metric": "plays", "scope": scope, "key": key, "event_id": id,
-            })
-            .to_string();
-            let mkey = message_key("plays", scope, &key);
+            let event = (time, scope, key, id);
             for _ in 0..copies {
-                producer
-                    .send(
-                        BaseRecord::to(&input)
-                            .key(&mkey)
-                            .payload(&payload)
-                            .timestamp(time),
-                    )
-                    .expect("enqueue");
+                send(&producer, &input, &event);
             }
+            let (_, scope, key, _) = event;
             *hour_counts
                 .entry((scope.to_owned(), key.clone()))
                 .or_default() += 1;
@@ -294,5 +319,218 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     ] {
         let line = format!("topk_reducer_recount_{series} {value}\n");
         assert!(metrics.contains(&line), "no {line:?} in {metrics}");
+    }
+}
+
+/// A labelled or unlabelled sample of worker `server`'s metrics (0 when absent).
+fn worker_metric(server: &common::Server, sample: &str) -> f64 {
+    let (_, page) = common::get(&format!("{}/metrics", server.base));
+    common::metric(&page, sample).unwrap_or(0.0)
+}
+
+/// With `dedupe` on, retried events (the same `event_id` sent again, before and after both
+/// workers are SIGKILLed and restarted on their checkpoints) are counted once: the streaming
+/// lists equal the oracle of unique events, and the recount grades both hours clean (no
+/// over-count, full recall), where the test above, without dedupe, shows the retries'
+/// over-count.
+#[test]
+fn dedupe_counts_each_event_id_once_across_a_worker_kill_and_grades_clean() {
+    let Some(env) = TestEnv::get("streaming dedupe end to end") else {
+        return;
+    };
+    let ns = "dedupe";
+    let (name, input, dir) = metric_topics(&env, ns);
+    // A 10 minute lateness keeps the last minutes' retries countable, so only dedupe can drop
+    // them; the long idle timeout keeps the clock from making them late instead.
+    let counting = r#"
+mode: exact
+dedupe: {}
+allowedLateness: 10m
+recount: {grace: 10m}
+workers: {checkpointInterval: 200ms, idleTimeout: 4h}
+"#;
+    let config = common::rendered_config(
+        dir.path(),
+        &manifest_with(&name, &env, &input, counting),
+        ns,
+    );
+    let secrets = dir.path().join("kafka-secrets");
+    env.secure_kafka.write_secret_files(&secrets);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    // Two closed hours, ending an hour before the current one.
+    let first_hour = now.div_euclid(HOUR) * HOUR - 3 * HOUR;
+    let hours: Vec<Vec<Event>> = (0..2)
+        .map(|h| hour_events(first_hour + h * HOUR, h))
+        .collect();
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    let tail: Vec<Event> = hours[1][hours[1].len() - 20..].to_vec();
+    // Round 1: every event once, song-0's first play of the second hour re-sent right after
+    // it, and the second hour's last 20 events re-sent at the end.
+    let mut retried = 0;
+    for (h, events) in hours.iter().enumerate() {
+        let mut song0_sent = false;
+        for event in events {
+            send(&producer, &input, event);
+            if h == 1 && event.2 == "song-0" && !std::mem::replace(&mut song0_sent, true) {
+                for _ in 0..REDELIVERED {
+                    send(&producer, &input, event);
+                    retried += 1;
+                }
+            }
+        }
+    }
+    for event in &tail {
+        send(&producer, &input, event);
+        retried += 1;
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let stack = common::Stack::start_with(dir.path(), &config, Some(&secrets));
+    let duplicates = r#"topk_worker_dedupe_total{outcome="duplicate"}"#;
+    let checkpoints = "topk_worker_checkpoint_duration_seconds_count";
+    {
+        let workers = [stack.served_worker(0), stack.served_worker(1)];
+        let total = |sample: &str| {
+            workers
+                .iter()
+                .map(|w| worker_metric(w, sample))
+                .sum::<f64>()
+        };
+        common::await_some("round 1's retries dropped", WAIT, || {
+            (total(duplicates) == f64::from(retried)).then_some(())
+        });
+        // Checkpoints after the last event: the restarted workers replay nothing, and only
+        // the ids in their checkpoints can catch the next retries.
+        let written: Vec<f64> = workers
+            .iter()
+            .map(|w| worker_metric(w, checkpoints))
+            .collect();
+        common::await_some("two more checkpoints per worker", WAIT, || {
+            workers
+                .iter()
+                .zip(&written)
+                .all(|(w, before)| worker_metric(w, checkpoints) >= before + 2.0)
+                .then_some(())
+        });
+        assert_eq!(
+            total(r#"topk_worker_dedupe_total{outcome="not_remembered"}"#),
+            0.0
+        );
+        assert_eq!(
+            total(r#"topk_worker_events_rejected_total{reason="late"}"#),
+            0.0
+        );
+        // Dropped here: SIGKILL.
+    }
+
+    // Round 2, while the workers are down: the tail once more, then, per shard, an event past
+    // the second hour's end plus the lateness, so that the hour's lists close.
+    for event in &tail {
+        send(&producer, &input, event);
+    }
+    let second_end = first_hour + 2 * HOUR;
+    for shard in 0..SHARDS {
+        let key = (0..)
+            .map(|i| format!("closer-{i}"))
+            .find(|k| topk_engine::partition::shard_for("plays", "", k, SHARDS) == shard)
+            .expect("a key for the shard");
+        let closer = (
+            second_end + 10 * 60_000 + 30_000,
+            "",
+            key,
+            format!("closer-{shard}"),
+        );
+        send(&producer, &input, &closer);
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    let workers = [stack.served_worker(0), stack.served_worker(1)];
+    let total = |sample: &str| {
+        workers
+            .iter()
+            .map(|w| worker_metric(w, sample))
+            .sum::<f64>()
+    };
+    common::await_some(
+        "round 2's retries dropped by the restored ids",
+        WAIT,
+        || (total(duplicates) == tail.len() as f64).then_some(()),
+    );
+    assert_eq!(
+        total(r#"topk_worker_events_rejected_total{reason="late"}"#),
+        0.0
+    );
+
+    // The oracle: each event once.
+    let mut counts: Vec<BTreeMap<(String, String), u64>> = vec![BTreeMap::new(); 2];
+    for (h, events) in hours.iter().enumerate() {
+        for (_, scope, key, _) in events {
+            *counts[h]
+                .entry(((*scope).to_owned(), key.clone()))
+                .or_default() += 1;
+        }
+    }
+    let mut both = counts[0].clone();
+    for (k, n) in &counts[1] {
+        *both.entry(k.clone()).or_default() += n;
+    }
+    let end = format_rfc3339_ms(second_end);
+    let list = |window: &str, scope: &str| -> Option<Value> {
+        let (status, body) = common::get(&format!(
+            "{}/v1/rankings/plays?window={window}&scope={scope}",
+            stack.reducer.base
+        ));
+        (status == 200)
+            .then(|| serde_json::from_str(&body).expect("json"))
+            .filter(|l: &Value| l["windowEnd"].as_str() == Some(end.as_str()))
+    };
+    for (window, want) in [("1h", &counts[1]), ("24h", &both)] {
+        for scope in ["", "eu"] {
+            let served =
+                common::await_some(&format!("the {window} list ending {end}"), WAIT, || {
+                    list(window, scope)
+                });
+            assert_eq!(served["mode"], "exact");
+            assert_eq!(
+                list_items(&served),
+                top(want, scope),
+                "{window} {scope:?}: {served}"
+            );
+        }
+    }
+
+    for h in 0..2 {
+        let out = common::topk()
+            .args(["recount", "--config", &stack.config])
+            .args(["--hour", &format_rfc3339_ms(first_hour + h * HOUR)])
+            .args(stack.secrets_args())
+            .arg("--spill-dir")
+            .arg(dir.path().join("spill"))
+            .output()
+            .expect("run topk recount");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let grades = common::await_some("two graded hours", WAIT, || {
+        let (status, body) = common::get(&format!("{}/v1/grades", stack.reducer.base));
+        let value: Value = serde_json::from_str(&body).ok()?;
+        let grades = value["grades"].as_array()?.clone();
+        (status == 200 && grades.len() == 2).then_some(grades)
+    });
+    for grade in &grades {
+        assert_eq!(grade["maxOvercount"], 0, "{grade}");
+        assert_eq!(grade["recallAtK"], 1.0, "{grade}");
+        assert_eq!(grade["boundViolated"], false, "{grade}");
+        assert_eq!(grade["maxRankDisplacement"], 0, "{grade}");
     }
 }

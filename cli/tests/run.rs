@@ -127,6 +127,63 @@ fn exit_at_end_prints_every_list_and_the_rejections() {
 }
 
 #[test]
+fn dedupe_counts_a_retried_event_once_and_without_it_the_retries_over_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("events.jsonl");
+    let mut f = std::fs::File::create(&input).unwrap();
+    // "a" 3 plays, "b" 2, "c" 1; "c"'s play is retried 5 times and "b"'s first twice, one
+    // retry re-stamped a second later; an event without an id is counted as it comes.
+    let c = event("01:03", "c", "", 1);
+    let b = event("01:01", "b", "", 1);
+    let restamped_b = b.replace("19:01:01Z", "19:01:02Z");
+    let no_id = r#"{"event_time":"2026-09-01T19:01:04Z","metric":"clicks","key":"a"}"#;
+    for line in [
+        event("01:01", "a", "", 1),
+        b.clone(),
+        event("01:02", "a", "", 1),
+        c.clone(),
+        c.clone(),
+        b.clone(),
+        c.clone(),
+        event("01:05", "b", "", 1),
+        restamped_b,
+        c.clone(),
+        c,
+        no_id.to_owned(),
+    ] {
+        writeln!(f, "{line}").unwrap();
+    }
+    let input = input.display().to_string();
+    let run = |dedupe: &str| {
+        let manifest = dir.path().join(format!("metric{}.yaml", dedupe.len()));
+        std::fs::write(&manifest, format!("{MANIFEST}  {dedupe}\n")).unwrap();
+        run_to_end(&manifest.display().to_string(), &input)
+    };
+    let one_minute = |doc: &Value| {
+        let rankings = doc["rankings"].as_array().unwrap();
+        let list = rankings
+            .iter()
+            .find(|r| r["window"] == "1m" && r["scope"] == "")
+            .unwrap();
+        list_items(list)
+    };
+
+    let deduped = run("dedupe: {horizon: 5s}");
+    assert_eq!(one_minute(&deduped), pairs(&[("a", 3), ("b", 2), ("c", 1)]));
+    assert_eq!(deduped["accepted"], 6);
+    let outcomes = &deduped["dedupe"];
+    assert_eq!(outcomes["first"], 5, "{outcomes}");
+    assert_eq!(outcomes["duplicate"], 6, "{outcomes}");
+    assert_eq!(outcomes["no_id"], 1, "{outcomes}");
+
+    // Without dedupe every retry counts: c over-counted by its 4 retries, b by 2.
+    let plain = run("");
+    assert_eq!(one_minute(&plain), pairs(&[("c", 5), ("b", 4), ("a", 3)]));
+    assert_eq!(plain["accepted"], 12);
+    assert!(plain.get("dedupe").is_none(), "{plain}");
+}
+
+#[test]
 fn serves_rankings_index_metrics_and_clear_errors_over_http() {
     let (_dir, manifest, input) = fixture();
     let server = spawn(&["run", "--file", &manifest, "--input", &input]);

@@ -40,6 +40,7 @@ fn config() -> EngineConfig {
         max_key_bytes: 256,
         max_scope_bytes: 256,
         max_scopes: 10_000,
+        dedupe: None,
         windows: vec![
             WindowConfig::sliding("5m", 300_000, 10_000),
             WindowConfig::sliding("1h", 3_600_000, 60_000),

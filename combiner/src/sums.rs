@@ -190,6 +190,7 @@ mod tests {
             max_key_bytes: 64,
             max_scope_bytes: 64,
             max_scopes: 10,
+            dedupe: None,
             windows,
         }
     }

@@ -47,6 +47,7 @@ fn config(mode: Mode) -> EngineConfig {
         max_key_bytes: 256,
         max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
         max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
+        dedupe: None,
         windows: vec![
             WindowConfig::sliding("5m", 300_000, 10_000),
             WindowConfig::sliding("1h", 3_600_000, 60_000),

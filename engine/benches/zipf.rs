@@ -109,6 +109,7 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
         max_key_bytes: 1024,
         max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
         max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
+        dedupe: None,
         windows: vec![WindowConfig::sliding("1h", HOUR_MS, 60_000)],
     };
     let mut shard = ShardCounter::new(&cfg, 0);

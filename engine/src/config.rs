@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::dedupe::DedupeConfig;
 use crate::error::EngineError;
 
 /// Parameters of the approximate mode.
@@ -88,6 +89,9 @@ pub struct EngineConfig {
     #[serde(default = "default_max_scopes")]
     pub max_scopes: usize,
     pub windows: Vec<WindowConfig>,
+    /// Duplicate `event_id`s counted once (off when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe: Option<DedupeConfig>,
 }
 
 pub const DEFAULT_MAX_SCOPE_BYTES: usize = 256;
@@ -145,6 +149,14 @@ impl EngineConfig {
         }
         if self.max_scopes == 0 {
             return fail("maxScopes must be at least 1".into());
+        }
+        if let Some(dedupe) = self.dedupe {
+            if dedupe.horizon_ms < 0 {
+                return fail("dedupe.horizon must not be negative".into());
+            }
+            if dedupe.max_ids == 0 {
+                return fail("dedupe.maxIdsPerShard must be at least 1".into());
+            }
         }
         if let Mode::Approximate(p) = self.mode {
             if !(p.epsilon > 0.0 && p.epsilon < 1.0) {

@@ -6,6 +6,7 @@
 //! - [`event`]: parsing and validating one JSON event, with a reason for every rejection.
 //! - [`partition`]: Kafka's default partitioner (murmur2), so every process shards alike.
 //! - [`window`]: epoch-aligned bucket and window arithmetic.
+//! - [`dedupe`]: the `event_id`s a shard remembers, so a retried event is counted once.
 //! - [`shard`]: per-shard counting state for every configured window, exact or sketched.
 //! - [`summary`]: what a shard publishes, and the merge of many shards into rankings.
 //! - [`snapshot`]: a shard's state in serialisable form (checkpoints and handoff).
@@ -17,6 +18,7 @@ mod approx;
 mod bytes;
 pub mod candidates;
 pub mod config;
+pub mod dedupe;
 pub mod error;
 pub mod event;
 mod exact;

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::config::EngineConfig;
+use crate::dedupe::{Deduper, IdCheck, Lookup, counted, look_up};
 use crate::error::EngineError;
 use crate::event::{Event, EventParser, RejectReason};
 use crate::partition::shard_for;
@@ -17,6 +18,8 @@ use crate::window::{boundary_after, closed_boundary};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IngestOutcome {
     Accepted,
+    /// A valid event whose `event_id` was counted already (dedupe on): not counted again.
+    Duplicate,
     /// Blank line: not an event, not counted anywhere.
     Blank,
     Rejected(RejectReason),
@@ -45,6 +48,9 @@ pub struct Pipeline {
     deny: BTreeSet<String>,
     accepted: u64,
     rejected: BTreeMap<RejectReason, u64>,
+    /// One for the whole run: every shard is in this process.
+    dedupe: Option<Deduper>,
+    dedupe_outcomes: BTreeMap<IdCheck, u64>,
 }
 
 impl Pipeline {
@@ -56,6 +62,7 @@ impl Pipeline {
         let windows = cfg.windows.len();
         Ok(Self {
             parser: EventParser::new(cfg.max_key_bytes),
+            dedupe: cfg.dedupe.map(Deduper::new),
             cfg,
             shards,
             max_event_ms: None,
@@ -66,6 +73,7 @@ impl Pipeline {
             deny: BTreeSet::new(),
             accepted: 0,
             rejected: BTreeMap::new(),
+            dedupe_outcomes: BTreeMap::new(),
         })
     }
 
@@ -97,6 +105,12 @@ impl Pipeline {
         &self.rejected
     }
 
+    /// What dedupe made of the valid events, by outcome (empty when it is off); duplicates are
+    /// not in [`Self::accepted`].
+    pub fn dedupe_outcomes(&self) -> &BTreeMap<IdCheck, u64> {
+        &self.dedupe_outcomes
+    }
+
     pub fn state_bytes(&self) -> usize {
         self.shards.iter().map(ShardCounter::state_bytes).sum()
     }
@@ -116,7 +130,8 @@ impl Pipeline {
             .parse(line.as_bytes())
             .and_then(|event| self.ingest(&event, now_ms, out));
         match result {
-            Ok(()) => IngestOutcome::Accepted,
+            Ok(IdCheck::Duplicate) => IngestOutcome::Duplicate,
+            Ok(_) => IngestOutcome::Accepted,
             Err(reason) => {
                 self.record_rejection(reason);
                 IngestOutcome::Rejected(reason)
@@ -129,14 +144,21 @@ impl Pipeline {
         *self.rejected.entry(reason).or_insert(0) += 1;
     }
 
-    /// Counts a parsed event. Rejections are returned, not recorded: `ingest_line` records.
+    /// Counts a parsed event (a duplicate, with dedupe on, is not). Rejections are returned,
+    /// not recorded: `ingest_line` records.
     pub fn ingest(
         &mut self,
         event: &Event<'_>,
         now_ms: i64,
         out: &mut Vec<Published>,
-    ) -> Result<(), RejectReason> {
-        check_event(&self.cfg, event, now_ms, self.watermark_ms())?;
+    ) -> Result<IdCheck, RejectReason> {
+        let watermark = self.watermark_ms();
+        check_event(&self.cfg, event, now_ms, watermark)?;
+        let lookup = look_up(self.dedupe.as_ref(), event.event_id.as_deref(), watermark);
+        if lookup == Some(Lookup::Duplicate) {
+            *self.dedupe_outcomes.entry(IdCheck::Duplicate).or_insert(0) += 1;
+            return Ok(IdCheck::Duplicate);
+        }
         if self.max_event_ms.is_none_or(|t| event.time_ms > t) {
             self.max_event_ms = Some(event.time_ms);
             if self
@@ -149,7 +171,14 @@ impl Pipeline {
         let shard = shard_for(&self.cfg.metric, &event.scope, &event.key, self.cfg.shards);
         self.shards[shard as usize].add(&event.scope, &event.key, event.time_ms, event.cost)?;
         self.accepted += 1;
-        Ok(())
+        // The cap counts the ids live under the watermark this event left, as the sweeps
+        // at its boundaries do.
+        let watermark = self.watermark_ms();
+        let check = counted(self.dedupe.as_mut(), lookup, event.time_ms, watermark);
+        if check != IdCheck::Off {
+            *self.dedupe_outcomes.entry(check).or_insert(0) += 1;
+        }
+        Ok(check)
     }
 }
 
@@ -196,6 +225,9 @@ impl Pipeline {
             next = next.min(boundary.saturating_add(bucket_ms));
         }
         self.next_publish_ms = next;
+        if let Some(dedupe) = &mut self.dedupe {
+            dedupe.sweep(Some(watermark));
+        }
     }
 
     /// End of input: publishes each window ending at the first boundary after the latest

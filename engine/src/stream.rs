@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::EngineConfig;
+use crate::dedupe::{Deduper, IdCheck, Lookup, SeenIds, counted, look_up};
 use crate::error::EngineError;
 use crate::event::{Event, RejectReason};
 use crate::partition::shard_for;
@@ -31,6 +32,7 @@ pub struct ShardStream {
     /// Smallest watermark at which some window has a new boundary.
     next_publish_ms: i64,
     accepted: u64,
+    dedupe: Option<Deduper>,
 }
 
 /// Everything a [`ShardStream`] needs to continue exactly where it stopped.
@@ -41,6 +43,31 @@ pub struct StreamSnapshot {
     pub watermark_floor: Option<i64>,
     pub published_end: Vec<Option<i64>>,
     pub accepted: u64,
+    /// The `event_id`s remembered by dedupe (empty when it is off).
+    pub seen_ids: SeenIds,
+}
+
+/// A [`StreamSnapshot`] as stored before dedupe existed: older checkpoints are still read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamSnapshotWithoutIds {
+    pub counter: ShardSnapshot,
+    pub max_event_ms: Option<i64>,
+    pub watermark_floor: Option<i64>,
+    pub published_end: Vec<Option<i64>>,
+    pub accepted: u64,
+}
+
+impl From<StreamSnapshotWithoutIds> for StreamSnapshot {
+    fn from(old: StreamSnapshotWithoutIds) -> Self {
+        Self {
+            counter: old.counter,
+            max_event_ms: old.max_event_ms,
+            watermark_floor: old.watermark_floor,
+            published_end: old.published_end,
+            accepted: old.accepted,
+            seen_ids: SeenIds::new(),
+        }
+    }
 }
 
 impl ShardStream {
@@ -53,6 +80,7 @@ impl ShardStream {
             published_end: vec![None; cfg.windows.len()],
             next_publish_ms: i64::MIN,
             accepted: 0,
+            dedupe: cfg.dedupe.map(Deduper::new),
             cfg: cfg.clone(),
         }
     }
@@ -68,6 +96,8 @@ impl ShardStream {
             published_end: snap.published_end.clone(),
             next_publish_ms: i64::MIN,
             accepted: snap.accepted,
+            // Dedupe turned on over an older state starts with no ids; turned off, drops them.
+            dedupe: cfg.dedupe.map(|d| Deduper::restore(d, &snap.seen_ids)),
             cfg: cfg.clone(),
         })
     }
@@ -79,6 +109,11 @@ impl ShardStream {
             watermark_floor: self.watermark_floor,
             published_end: self.published_end.clone(),
             accepted: self.accepted,
+            seen_ids: self
+                .dedupe
+                .as_ref()
+                .map(|d| d.snapshot(self.watermark_ms()))
+                .unwrap_or_default(),
         }
     }
 
@@ -99,7 +134,12 @@ impl ShardStream {
     }
 
     pub fn state_bytes(&self) -> usize {
-        self.counter.state_bytes()
+        self.counter.state_bytes() + self.dedupe.as_ref().map_or(0, Deduper::heap_bytes)
+    }
+
+    /// `event_id`s dedupe remembers (0 when it is off).
+    pub fn remembered_ids(&self) -> usize {
+        self.dedupe.as_ref().map_or(0, Deduper::len)
     }
 
     /// See [`ShardCounter::scopes`].
@@ -128,14 +168,20 @@ impl ShardStream {
 
     /// Validates and counts one event; summaries of windows whose boundary the watermark
     /// passed go to `out`. A rejection is returned and nothing is counted; that includes an event
-    /// whose key belongs to another shard.
+    /// whose key belongs to another shard. An accepted event says what dedupe made of it: a
+    /// duplicate is not counted and changes nothing.
     pub fn ingest(
         &mut self,
         event: &Event<'_>,
         now_ms: i64,
         out: &mut Vec<ShardSummary>,
-    ) -> Result<(), RejectReason> {
-        check_event(&self.cfg, event, now_ms, self.watermark_ms())?;
+    ) -> Result<IdCheck, RejectReason> {
+        let watermark = self.watermark_ms();
+        check_event(&self.cfg, event, now_ms, watermark)?;
+        let lookup = look_up(self.dedupe.as_ref(), event.event_id.as_deref(), watermark);
+        if lookup == Some(Lookup::Duplicate) {
+            return Ok(IdCheck::Duplicate);
+        }
         let (cfg, shard) = (&self.cfg, self.counter.shard());
         self.counter
             .add_owned(&event.scope, &event.key, event.time_ms, event.cost, || {
@@ -148,7 +194,15 @@ impl ShardStream {
             self.publish_due(out);
         }
         self.accepted += 1;
-        Ok(())
+        // The cap counts the ids live under the watermark this event left, as the sweeps
+        // at its boundaries do.
+        let watermark = self.watermark_ms();
+        Ok(counted(
+            self.dedupe.as_mut(),
+            lookup,
+            event.time_ms,
+            watermark,
+        ))
     }
 
     /// For a shard that saw no event for `idle_timeout_ms`: moves the watermark to
@@ -205,5 +259,8 @@ impl ShardStream {
             next = next.min(boundary.saturating_add(cfg.bucket_ms));
         }
         self.next_publish_ms = next;
+        if let Some(dedupe) = &mut self.dedupe {
+            dedupe.sweep(Some(watermark));
+        }
     }
 }

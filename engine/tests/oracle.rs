@@ -151,6 +151,7 @@ fn config(
         max_key_bytes: 64,
         max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
         max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
+        dedupe: None,
         windows,
     }
 }

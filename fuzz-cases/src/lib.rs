@@ -125,6 +125,7 @@ fn engine_config(mode: Mode) -> EngineConfig {
         max_key_bytes: 64,
         max_scope_bytes: 64,
         max_scopes: 16,
+        dedupe: None,
         windows: vec![
             WindowConfig::sliding("short", 4_000, 1_000),
             WindowConfig::all_time("all", 1_000),

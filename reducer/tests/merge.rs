@@ -32,6 +32,7 @@ fn config() -> EngineConfig {
         max_key_bytes: 64,
         max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
         max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
+        dedupe: None,
         windows: vec![
             WindowConfig::sliding("short", 40, 10),
             WindowConfig::sliding("long", 120, 20),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{DB, Options, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
-use topk_engine::stream::StreamSnapshot;
+use topk_engine::stream::{StreamSnapshot, StreamSnapshotWithoutIds};
 use topk_runtime::store::open_rebuildable;
 
 use crate::error::Error;
@@ -30,9 +30,22 @@ pub struct Checkpoint {
 }
 
 /// Leading byte of every stored value, so that a future layout is recognised.
-const VALUE_FORMAT: u8 = 2;
+const VALUE_FORMAT: u8 = 3;
+/// The layout before dedupe (no remembered ids in the stream), still read after an upgrade.
+const VALUE_FORMAT_WITHOUT_SEEN_IDS: u8 = 2;
 /// The layout before [`Checkpoint::input_topic_id`], still read after an upgrade.
 const VALUE_FORMAT_WITHOUT_TOPIC_ID: u8 = 1;
+
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct CheckpointWithoutSeenIds {
+    shard: u32,
+    epoch: u64,
+    next_offset: i64,
+    stream: StreamSnapshotWithoutIds,
+    outbox: Vec<Vec<u8>>,
+    input_topic_id: Option<String>,
+}
 
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(Serialize))]
@@ -40,8 +53,43 @@ struct CheckpointWithoutTopicId {
     shard: u32,
     epoch: u64,
     next_offset: i64,
-    stream: StreamSnapshot,
+    stream: StreamSnapshotWithoutIds,
     outbox: Vec<Vec<u8>>,
+}
+
+impl From<CheckpointWithoutSeenIds> for Checkpoint {
+    fn from(old: CheckpointWithoutSeenIds) -> Self {
+        Self {
+            shard: old.shard,
+            epoch: old.epoch,
+            next_offset: old.next_offset,
+            stream: old.stream.into(),
+            outbox: old.outbox,
+            input_topic_id: old.input_topic_id,
+        }
+    }
+}
+
+impl From<CheckpointWithoutTopicId> for Checkpoint {
+    fn from(old: CheckpointWithoutTopicId) -> Self {
+        CheckpointWithoutSeenIds {
+            shard: old.shard,
+            epoch: old.epoch,
+            next_offset: old.next_offset,
+            stream: old.stream,
+            outbox: old.outbox,
+            input_topic_id: None,
+        }
+        .into()
+    }
+}
+
+fn decode_as<T: serde::de::DeserializeOwned + Into<Checkpoint>>(
+    body: &[u8],
+) -> Result<Checkpoint, Error> {
+    postcard::from_bytes::<T>(body)
+        .map(Into::into)
+        .map_err(|e| Error::Decode(e.to_string()))
 }
 
 impl Checkpoint {
@@ -53,20 +101,12 @@ impl Checkpoint {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         match bytes.split_first() {
-            Some((&VALUE_FORMAT, body)) => {
-                postcard::from_bytes(body).map_err(|e| Error::Decode(e.to_string()))
+            Some((&VALUE_FORMAT, body)) => decode_as::<Checkpoint>(body),
+            Some((&VALUE_FORMAT_WITHOUT_SEEN_IDS, body)) => {
+                decode_as::<CheckpointWithoutSeenIds>(body)
             }
             Some((&VALUE_FORMAT_WITHOUT_TOPIC_ID, body)) => {
-                let old: CheckpointWithoutTopicId =
-                    postcard::from_bytes(body).map_err(|e| Error::Decode(e.to_string()))?;
-                Ok(Self {
-                    shard: old.shard,
-                    epoch: old.epoch,
-                    next_offset: old.next_offset,
-                    stream: old.stream,
-                    outbox: old.outbox,
-                    input_topic_id: None,
-                })
+                decode_as::<CheckpointWithoutTopicId>(body)
             }
             Some((other, _)) => Err(Error::Decode(format!("unknown checkpoint format {other}"))),
             None => Err(Error::Decode("empty checkpoint".into())),
@@ -167,9 +207,11 @@ impl CheckpointStore {
 mod tests {
     use super::*;
     use topk_engine::config::{EngineConfig, Mode, WindowConfig};
+    use topk_engine::dedupe::DedupeConfig;
+    use topk_engine::event::EventParser;
     use topk_engine::stream::ShardStream;
 
-    fn stream() -> StreamSnapshot {
+    fn stream(dedupe: Option<DedupeConfig>) -> StreamSnapshot {
         let cfg = EngineConfig {
             metric: "m".into(),
             shards: 1,
@@ -180,22 +222,68 @@ mod tests {
             max_key_bytes: 64,
             max_scope_bytes: 64,
             max_scopes: 4,
+            dedupe,
             windows: vec![WindowConfig::all_time("all", 1000)],
         };
-        ShardStream::new(&cfg, 0).snapshot()
+        let mut stream = ShardStream::new(&cfg, 0);
+        let event = EventParser::new(64)
+            .parse(br#"{"event_id":"e1","event_time":5,"metric":"m","key":"k"}"#)
+            .unwrap();
+        stream.ingest(&event, 10, &mut Vec::new()).unwrap();
+        stream.snapshot()
+    }
+
+    fn without_ids(s: StreamSnapshot) -> StreamSnapshotWithoutIds {
+        StreamSnapshotWithoutIds {
+            counter: s.counter,
+            max_event_ms: s.max_event_ms,
+            watermark_floor: s.watermark_floor,
+            published_end: s.published_end,
+            accepted: s.accepted,
+        }
     }
 
     #[test]
-    fn checkpoints_keep_their_topic_id_and_the_older_layout_is_still_read() {
+    fn checkpoints_keep_their_topic_id_and_ids_and_the_older_layouts_are_still_read() {
+        let deduped = stream(Some(DedupeConfig {
+            horizon_ms: 0,
+            max_ids: 10,
+        }));
+        assert_eq!(deduped.seen_ids.len(), 1);
         let cp = Checkpoint {
             shard: 3,
             epoch: 2,
             next_offset: 41,
-            stream: stream(),
+            stream: deduped,
             outbox: vec![b"summary".to_vec()],
             input_topic_id: Some("a-topic-id".into()),
         };
         assert_eq!(Checkpoint::decode(&cp.encode().unwrap()).unwrap(), cp);
+
+        let cp = Checkpoint {
+            shard: 3,
+            epoch: 2,
+            next_offset: 41,
+            stream: stream(None),
+            outbox: vec![b"summary".to_vec()],
+            input_topic_id: Some("a-topic-id".into()),
+        };
+        assert_eq!(Checkpoint::decode(&cp.encode().unwrap()).unwrap(), cp);
+
+        let mut before_ids = vec![VALUE_FORMAT_WITHOUT_SEEN_IDS];
+        postcard::to_io(
+            &CheckpointWithoutSeenIds {
+                shard: cp.shard,
+                epoch: cp.epoch,
+                next_offset: cp.next_offset,
+                stream: without_ids(cp.stream.clone()),
+                outbox: cp.outbox.clone(),
+                input_topic_id: cp.input_topic_id.clone(),
+            },
+            &mut before_ids,
+        )
+        .unwrap();
+        assert_eq!(Checkpoint::decode(&before_ids).unwrap(), cp);
 
         let mut old = vec![VALUE_FORMAT_WITHOUT_TOPIC_ID];
         postcard::to_io(
@@ -203,7 +291,7 @@ mod tests {
                 shard: cp.shard,
                 epoch: cp.epoch,
                 next_offset: cp.next_offset,
-                stream: cp.stream.clone(),
+                stream: without_ids(cp.stream.clone()),
                 outbox: cp.outbox.clone(),
             },
             &mut old,

@@ -7,6 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use topk_engine::RejectReason;
+use topk_engine::dedupe::IdCheck;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -54,6 +55,11 @@ pub struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabel {
     pub shard: u32,
 }
@@ -80,6 +86,9 @@ pub struct WorkerMetrics {
     pub input_gaps: Family<KindLabel, Counter>,
     pub input_offsets_lost: Counter,
     pub kafka_errors: Counter,
+    /// Taken from their family once, in [`IdCheck::REPORTED`]'s order: one per event.
+    dedupe_outcomes: Vec<Counter>,
+    pub dedupe_ids: Gauge,
 }
 
 impl Default for WorkerMetrics {
@@ -106,8 +115,31 @@ impl Default for WorkerMetrics {
             input_gaps: Family::default(),
             input_offsets_lost: Counter::default(),
             kafka_errors: Counter::default(),
+            dedupe_outcomes: Vec::new(),
+            dedupe_ids: Gauge::default(),
             registry: Registry::default(),
         };
+        let dedupe = Family::<OutcomeLabel, Counter>::default();
+        let dedupe_outcomes = IdCheck::REPORTED
+            .iter()
+            .map(|check| {
+                dedupe
+                    .get_or_create(&OutcomeLabel {
+                        outcome: check.as_str(),
+                    })
+                    .clone()
+            })
+            .collect();
+        registry.register(
+            "dedupe",
+            "Counted input events by what dedupe (spec.dedupe) made of their event_id: first (counted, remembered), duplicate (not counted), no_id (counted), not_remembered (counted; the shard held maxIdsPerShard ids)",
+            dedupe,
+        );
+        registry.register(
+            "dedupe_ids",
+            "event_ids the owned shards remember",
+            m.dedupe_ids.clone(),
+        );
         for source in RestoreSource::ALL {
             let _ = m.shard_restores.get_or_create(&SourceLabel {
                 source: source.as_str(),
@@ -221,7 +253,11 @@ impl Default for WorkerMetrics {
             "Consumer errors and librdkafka error log lines (e.g. the broker unreachable)",
             m.kafka_errors.clone(),
         );
-        Self { registry, ..m }
+        Self {
+            registry,
+            dedupe_outcomes,
+            ..m
+        }
     }
 }
 
@@ -232,6 +268,12 @@ impl WorkerMetrics {
                 reason: reason.as_str(),
             })
             .inc();
+    }
+
+    pub fn deduped(&self, check: IdCheck) {
+        if let Some(at) = IdCheck::REPORTED.iter().position(|c| *c == check) {
+            self.dedupe_outcomes[at].inc();
+        }
     }
 
     pub fn encode(&self) -> String {

@@ -264,9 +264,12 @@ impl Sink {
         let outcome = parsed
             .unwrap_or_else(|| owned.parser.parse(payload))
             .and_then(|event| owned.stream.ingest(&event, reference_ms, summaries));
-        if let Err(reason) = outcome {
-            metrics.rejected(reason);
-            self.dead_letter(payload, reason, shard, offset)?;
+        match outcome {
+            Ok(check) => metrics.deduped(check),
+            Err(reason) => {
+                metrics.rejected(reason);
+                self.dead_letter(payload, reason, shard, offset)?;
+            }
         }
         if !summaries.is_empty() {
             self.send_summaries(summaries, owned.next_offset)?;
@@ -626,11 +629,12 @@ impl Worker {
             .checkpoint_seconds
             .observe(started.elapsed().as_secs_f64());
         metrics.checkpoint_bytes.set(bytes as i64);
-        let (mut state, mut scopes) = (0, 0);
+        let (mut state, mut scopes, mut ids) = (0, 0, 0);
         let now = now_ms();
         for (shard, owned) in &mut self.owned {
             state += owned.stream.state_bytes();
             scopes += owned.stream.scopes();
+            ids += owned.stream.remembered_ids();
             let expired = owned.stream.expired_scopes();
             metrics
                 .scopes_expired
@@ -646,6 +650,7 @@ impl Worker {
         }
         metrics.state_bytes.set(state as i64);
         metrics.scopes.set(scopes as i64);
+        metrics.dedupe_ids.set(ids as i64);
         self.last_checkpoint = Instant::now();
         // Idle summaries are in the checkpoint just written: they may go out now.
         self.send_outboxes()?;

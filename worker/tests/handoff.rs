@@ -25,6 +25,7 @@ fn checkpoint(epoch: u64, next_offset: i64, outbox_bytes: usize) -> Checkpoint {
         max_key_bytes: 1024,
         max_scope_bytes: 256,
         max_scopes: 10,
+        dedupe: None,
         windows: vec![WindowConfig::all_time("all", 1000)],
     };
     let mut stream = ShardStream::new(&cfg, 0);
