@@ -572,7 +572,7 @@ pub struct DedupeSpec {
     /// that stamp a retry with a new time. At most 1h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub horizon: Option<Duration>,
-    /// Most ids one shard remembers at once (default 1000000, about 40 MB); past it, new ids
+    /// Most ids one shard remembers at once (default 1000000; 38 to 76 bytes each); past it, new ids
     /// are counted without being remembered, and `topk_worker_dedupe_total{outcome="not_remembered"}`
     /// says how many.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -162,10 +162,24 @@ impl Cluster {
     /// The usual start of a scenario: its namespace, a 4-partition topic on the dev Kafka, and
     /// a `plays` metric on it with two workers.
     async fn start(&self, prefix: &str) -> (Scenario, String) {
+        self.start_with(prefix, "").await
+    }
+
+    /// [`Cluster::start`] with more spec fields (YAML lines).
+    async fn start_with(&self, prefix: &str, extra_spec: &str) -> (Scenario, String) {
         let scenario = self.scenario(prefix).await;
         let topic = format!("{}-plays", scenario.ns);
         self.create_topic(&topic, 4);
-        self.apply_metric(&scenario.ns, "plays", &topic, 2).await;
+        self.apply_metric_with(
+            &self.bootstrap(),
+            &scenario.ns,
+            "plays",
+            &topic,
+            2,
+            &[],
+            extra_spec,
+        )
+        .await;
         (scenario, topic)
     }
 
@@ -212,10 +226,19 @@ impl Cluster {
 
     /// [`Cluster::produce_at`] to the broker at `bootstrap`.
     fn produce_on(&self, bootstrap: &str, topic: &str, events: &[(i64, String)]) {
+        let with_ids: Vec<(i64, String, String)> = events
+            .iter()
+            .enumerate()
+            .map(|(i, (time, key))| (*time, key.clone(), format!("{topic}-{time}-{i}")))
+            .collect();
+        self.produce_with_ids(bootstrap, topic, &with_ids);
+    }
+
+    /// Produces `plays` events (event time, key, event id) through `topk produce` in a pod.
+    fn produce_with_ids(&self, bootstrap: &str, topic: &str, events: &[(i64, String, String)]) {
         let mut lines = String::new();
-        for (i, (time, key)) in events.iter().enumerate() {
-            let event = json!({"event_time": time, "metric": "plays", "key": key,
-                "event_id": format!("{topic}-{time}-{i}")});
+        for (time, key, id) in events {
+            let event = json!({"event_time": time, "metric": "plays", "key": key, "event_id": id});
             lines.push_str(&format!("{event}\n"));
         }
         let image = std::env::var("TOPK_E2E_IMAGE").expect("TOPK_E2E_IMAGE");
@@ -250,12 +273,7 @@ impl Cluster {
         );
     }
 
-    async fn apply_metric(&self, ns: &str, name: &str, topic: &str, workers: u32) {
-        self.apply_metric_on(&self.bootstrap(), ns, name, topic, workers)
-            .await;
-    }
-
-    /// [`Cluster::apply_metric`] on the broker at `bootstrap`.
+    /// A `plays` metric with `workers` workers on `topic` of the broker at `bootstrap`.
     async fn apply_metric_on(
         &self,
         bootstrap: &str,
@@ -597,12 +615,37 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
     let Some(cluster) = Cluster::get("known stream").await else {
         return;
     };
-    let (scenario, topic) = cluster.start("known").await;
+    // Dedupe on: the retries below carry new times, the horizon covers them.
+    let (scenario, topic) = cluster.start_with("known", "dedupe: {horizon: 10m}").await;
     let ns = scenario.ns.as_str();
     let keys = plays(0);
-    cluster.produce(&topic, &keys);
+    let played: Vec<(i64, String, String)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| (now_ms(), key.clone(), format!("play-{i}")))
+        .collect();
+    cluster.produce_with_ids(&cluster.bootstrap(), &topic, &played);
     let mut counts = BTreeMap::new();
     add(&mut counts, &keys);
+    await_exact(&cluster, ns, "plays", &counts).await;
+    // Every play sent again by a producer that stamps retries anew: the worker pods remember
+    // the ids (spec.dedupe reached them through the operator's config) and count none twice.
+    let retried: Vec<(i64, String, String)> = played
+        .iter()
+        .map(|(_, key, id)| (now_ms(), key.clone(), id.clone()))
+        .collect();
+    cluster.produce_with_ids(&cluster.bootstrap(), &topic, &retried);
+    let workers = topk_api::names::Names::of("plays").worker;
+    await_some("every retry dropped as a duplicate", WAIT, || async {
+        let mut duplicates = 0.0;
+        for ordinal in 0..2 {
+            let pod = format!("{workers}-{ordinal}");
+            let series = r#"topk_worker_dedupe_total{outcome="duplicate"}"#;
+            duplicates += cluster.worker_counter(ns, &pod, series).await?;
+        }
+        (duplicates == retried.len() as f64).then_some(())
+    })
+    .await;
     await_exact(&cluster, ns, "plays", &counts).await;
     let metric = await_some("leader and ready workers", WAIT, || async {
         let m = cluster.metric(ns, "plays").await?;

@@ -2,7 +2,9 @@
 //! count it in a shard's windows and publish at bucket boundaries, on one core.
 //!
 //! `cargo bench -p topk-engine --bench ingest` (env `INGEST_EVENTS`, `INGEST_ROUNDS`;
-//! `INGEST_ONLY=exact`, `approximate` or `parse` runs one contender next to the reference).
+//! `INGEST_ONLY=exact`, `approximate`, `dedupe` or `parse` runs one contender next to its
+//! reference). A third table prices streaming dedupe: exact counting of payloads with ids,
+//! dedupe off and on.
 //! A second table times parsing alone: the engine's parser against serde_json into the same
 //! borrowed fields.
 //! The payloads are those of the worker benchmark (`worker/benches/throughput.rs`): ~70 bytes,
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
+use topk_engine::dedupe::DedupeConfig;
 use topk_engine::event::EventParser;
 use topk_engine::partition::shard_for;
 use topk_engine::stream::ShardStream;
@@ -55,10 +58,10 @@ fn config(mode: Mode) -> EngineConfig {
     }
 }
 
-/// Parse, validate, count and publish every payload; returns how many were counted. Never
-/// inlined, so that a profiler can attribute it.
+/// Parse, validate, count and publish every payload; returns the stream (its `accepted()`
+/// is how many were counted). Never inlined, so that a profiler can attribute it.
 #[inline(never)]
-fn topk(cfg: &EngineConfig, payloads: &[Vec<u8>]) -> u64 {
+fn topk(cfg: &EngineConfig, payloads: &[Vec<u8>]) -> ShardStream {
     let mut stream = ShardStream::new(cfg, 0);
     let parser = EventParser::new(cfg.max_key_bytes);
     let mut summaries = Vec::new();
@@ -70,7 +73,7 @@ fn topk(cfg: &EngineConfig, payloads: &[Vec<u8>]) -> u64 {
         }
         summaries.clear();
     }
-    stream.accepted()
+    stream
 }
 
 #[derive(Deserialize)]
@@ -128,6 +131,51 @@ fn parse_only<'a, T>(payloads: &'a [Vec<u8>], parse: impl Fn(&'a [u8]) -> Option
     parsed
 }
 
+/// Streaming dedupe's cost: the same payloads, each with a unique `event_id`, counted
+/// exactly with dedupe off and on (every id remembered until the watermark passes it).
+fn dedupe(payloads: &[Vec<u8>], rounds: u32) {
+    let with_ids: Vec<Vec<u8>> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut out = format!(r#"{{"event_id":"{i:016x}","#).into_bytes();
+            out.extend_from_slice(&p[1..]);
+            out
+        })
+        .collect();
+    let off = config(Mode::Exact);
+    let on = EngineConfig {
+        dedupe: Some(DedupeConfig {
+            horizon_ms: 0,
+            max_ids: 10_000_000,
+        }),
+        ..off.clone()
+    };
+    let n = with_ids.len();
+    let (off_time, counted) = best(rounds, || topk(&off, &with_ids).accepted());
+    assert_eq!(counted, n as u64);
+    let (on_time, _) = best(rounds, || topk(&on, &with_ids).accepted());
+    let stream = topk(&on, &with_ids);
+    assert_eq!(stream.accepted(), n as u64, "no id repeats");
+    let ids = stream.remembered_ids();
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    println!();
+    println!("| topk exact, payloads with a unique event_id | events/s | vs dedupe off |");
+    println!("|---|---:|---:|");
+    println!("| dedupe off | {:.2} M | 1.00x |", rate(off_time) / 1e6);
+    println!(
+        "| dedupe on (every id remembered until the watermark passes it) | {:.2} M | {:.2}x |",
+        rate(on_time) / 1e6,
+        off_time.as_secs_f64() / on_time.as_secs_f64()
+    );
+    let state_off = topk(&off, &with_ids).state_bytes();
+    println!(
+        "\ndedupe memory: {ids} ids remembered at the end (5 s of lateness at {} events/ms), {:.1} bytes per id",
+        support::EVENTS_PER_MS / u64::from(SHARDS),
+        (stream.state_bytes() - state_off) as f64 / ids.max(1) as f64
+    );
+}
+
 /// Best of `rounds` runs.
 fn best(rounds: u32, mut run: impl FnMut() -> u64) -> (Duration, u64) {
     (0..rounds)
@@ -181,7 +229,7 @@ fn main() {
         .into_iter()
         .filter(|(mode, _, _)| only.as_deref().is_none_or(|o| o == *mode))
     {
-        let (time, counted) = best(rounds, || topk(&cfg, &payloads));
+        let (time, counted) = best(rounds, || topk(&cfg, &payloads).accepted());
         assert_eq!(
             counted, n as u64,
             "{name}: every payload is valid and on time"
@@ -191,6 +239,9 @@ fn main() {
             rate(time) / 1e6,
             reference_time.as_secs_f64() / time.as_secs_f64()
         );
+    }
+    if only.as_deref().is_none_or(|o| o == "dedupe") {
+        dedupe(&payloads, rounds);
     }
     if only.as_deref().is_some_and(|o| o != "parse") {
         return;

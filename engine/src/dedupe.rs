@@ -165,8 +165,9 @@ impl Deduper {
     }
 
     pub fn heap_bytes(&self) -> usize {
-        // A hashbrown table: one control byte per slot besides the entry.
-        self.seen.capacity() * (std::mem::size_of::<(u128, i64)>() + 1)
+        // A hashbrown table: its slots are 8/7 of its capacity, each an entry and a control
+        // byte.
+        self.seen.capacity() * 8 / 7 * (std::mem::size_of::<(u128, i64)>() + 1)
     }
 
     /// The live ids, in a canonical order: equal states give equal snapshots.
