@@ -4,7 +4,7 @@
 //! while it grows. Every event's cost reaches the partials topic exactly once (committed
 //! records only, as the workers read them), bad events are dead-lettered once each with the
 //! workers' reasons, the viral key arrives as a few sums instead of its events, and a worker
-//! counting the partials publishes the oracle's counts.
+//! counting the partials, SIGKILLed at random points too, publishes the oracle's counts.
 
 mod common;
 
@@ -260,14 +260,16 @@ async fn sigkilled_combiners_neither_lose_nor_double_a_count_and_a_viral_key_arr
         "{hot_records} records for {hot_events} events"
     );
 
-    // A worker counting the partials publishes the oracle's counts.
+    // A worker counting the partials publishes the oracle's counts, though SIGKILLed at random
+    // points and restarted on its checkpoints. (More input now would be late for it: the
+    // events are ten minutes old and its idle timeout moves the watermark on.)
     let assignment = dir.path().join("assignment.json");
     std::fs::write(&assignment, table()).expect("assignment");
     let state = dir.path().join("state");
     let config_arg = config.to_string_lossy().into_owned();
     let assignment_arg = assignment.to_string_lossy().into_owned();
     let state_arg = state.to_string_lossy().into_owned();
-    let worker = common::spawn(&[
+    let worker_args = [
         "worker",
         "--config",
         &config_arg,
@@ -277,7 +279,16 @@ async fn sigkilled_combiners_neither_lose_nor_double_a_count_and_a_viral_key_arr
         &assignment_arg,
         "--state-dir",
         &state_arg,
-    ]);
+    ];
+    for round in 0..3 {
+        let worker = common::spawn(&worker_args);
+        let kill_after = Duration::from_millis(rng.random_range(100..1_500));
+        // The kill point is the test's random input, not a wait for a condition.
+        tokio::time::sleep(kill_after).await;
+        drop(worker); // SIGKILL
+        eprintln!("worker round {round}: killed after {kill_after:?}");
+    }
+    let worker = common::spawn(&worker_args);
     let counted = await_some("the worker's all-time counts", WAIT, || async {
         let mut newest: BTreeMap<u32, topk_worker::SummaryRecord> = BTreeMap::new();
         for record in read_partition(&kafka, &topics.summaries, 0) {

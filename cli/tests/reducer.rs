@@ -220,9 +220,56 @@ fn workers_and_reducer_publish_the_exact_lists() {
         &oracle(&counts, &["song-banned", &leader], 10),
         "taken-down",
     );
+    let all_time = format!("{}/v1/rankings/plays?window=all&scope=", reducer.base);
+    let (_, body) = common::get(&all_time);
+    let taken_down: Value = serde_json::from_str(&body).expect("json");
     // Lifting every takedown brings the keys back with their true counts.
     render(&[]);
     await_lists(&oracle(&counts, &[], 10), "lifted");
+
+    // What was served then is still there, by version and by time, and listed.
+    let then = taken_down["version"].as_u64().expect("version");
+    let (status, body) = common::get(&format!("{all_time}&version={then}"));
+    assert_eq!(status, 200, "{body}");
+    let by_version: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(by_version, taken_down);
+    let as_of = taken_down["asOf"].as_str().expect("asOf");
+    let (status, body) = common::get(&format!("{all_time}&asOf={as_of}"));
+    assert_eq!(status, 200, "{body}");
+    let by_time: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(by_time["version"], then, "{by_time}");
+    let (_, body) = common::get(&all_time);
+    let now_served: Value = serde_json::from_str(&body).expect("json");
+    assert!(now_served["version"].as_u64() > Some(then));
+    let (status, body) = common::get(&format!(
+        "{}/v1/rankings/plays/history?window=all&scope=&limit=1000",
+        reducer.base
+    ));
+    assert_eq!(status, 200, "{body}");
+    let history: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(history["served"], now_served["version"]);
+    let versions = history["versions"].as_array().expect("versions");
+    let listed = versions
+        .iter()
+        .find(|v| v["version"] == then)
+        .expect("the taken-down version is listed");
+    assert_eq!(listed["asOf"], taken_down["asOf"]);
+    assert_eq!(listed["inputRange"], taken_down["inputRange"]);
+    assert!(
+        versions
+            .windows(2)
+            .all(|w| w[0]["version"].as_u64() > w[1]["version"].as_u64()),
+        "newest first"
+    );
+    for (query, code) in [
+        ("&version=999999".to_owned(), 404),
+        (format!("&version={then}&asOf={as_of}"), 400),
+        ("&asOf=yesterday".to_owned(), 400),
+        ("&asOf=1970-01-01T00:00:00Z".to_owned(), 404),
+    ] {
+        let (status, body) = common::get(&format!("{all_time}{query}"));
+        assert_eq!(status, code, "{query}: {body}");
+    }
     let (_, metrics) = common::get(&format!("{}/metrics", reducer.base));
     assert!(metrics.contains("topk_reducer_denied_keys 0"), "{metrics}");
 }

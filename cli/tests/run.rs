@@ -230,6 +230,16 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
             404,
             "no ranking published yet",
         ),
+        (
+            "/v1/rankings/clicks?window=1m&version=1",
+            404,
+            "keeps no earlier versions",
+        ),
+        (
+            "/v1/rankings/clicks/history?window=1m",
+            404,
+            "keeps no earlier versions",
+        ),
     ];
     for (path, want_status, want_text) in cases {
         let (status, body) = get(&format!("{base}{path}"));

@@ -836,6 +836,31 @@ async fn a_takedown_leaves_the_lists_live_and_lifting_it_brings_the_key_back() {
         "name",
     ]);
     assert!(!events.trim().is_empty(), "no RolledBack Event");
+    // The versions are kept: the history lists both, and the earlier one reads back by number.
+    let history = kubectl(&["topk", "history", "plays", "-n", ns, "--window", "all"]);
+    for version in [back, back + 1] {
+        assert!(
+            history
+                .lines()
+                .any(|l| l.trim_start().starts_with(&version.to_string())),
+            "version {version} not in:\n{history}"
+        );
+    }
+    let earlier = kubectl(&[
+        "topk",
+        "get",
+        "plays",
+        "-n",
+        ns,
+        "--window",
+        "all",
+        "--version",
+        &back.to_string(),
+        "-o",
+        "json",
+    ]);
+    let earlier: Value = serde_json::from_str(&earlier).expect("kubectl topk get --version");
+    assert_eq!(earlier["version"], back);
 }
 
 #[tokio::test]

@@ -1,11 +1,13 @@
 //! `kubectl topk`: a kubectl plugin (any executable named `kubectl-topk` on the PATH is one).
 //!
-//!   kubectl topk get NAME [--window W] [--scope S] [-k N] [-n NS] [-o table|json]
+//!   kubectl topk get NAME [--window W] [--scope S] [-k N] [--version V | --as-of T] [-n NS] [-o table|json]
+//!   kubectl topk history NAME [--window W] [--scope S] [--limit N] [-n NS] [-o table|json]
 //!   kubectl topk status NAME [-n NS]
 //!   kubectl topk rollback NAME --window W [--scope S] --version V [-n NS]
 //!
 //! `get` reads a list from the metric's reducer through the API server's service proxy (no
-//! port-forward, the caller's RBAC applies: `get` on `services/proxy`); `status` shows the
+//! port-forward, the caller's RBAC applies: `get` on `services/proxy`), the served one or a
+//! stored earlier version; `history` lists a list's stored versions the same way; `status` shows the
 //! TopKMetric's conditions, shard owners and epochs, lag and exactness; `rollback` writes a
 //! request into the TopKMetric's `topk.io/rollback` annotation (the caller needs `patch` on
 //! `topkmetrics`) and waits for the reducers' answer in its status.
@@ -57,6 +59,29 @@ enum Command {
         /// Show only the top N.
         #[arg(short = 'k', long)]
         k: Option<u32>,
+        /// A stored earlier version instead of the served list (see `kubectl topk history`).
+        #[arg(long, conflicts_with = "as_of")]
+        version: Option<u64>,
+        /// The version that was newest at this time (RFC 3339), instead of the served list.
+        #[arg(long)]
+        as_of: Option<String>,
+        /// `table` or `json` (the reducer's answer as is).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
+    /// The stored versions of a list, newest first: when each was published and what input
+    /// it covered.
+    History {
+        name: String,
+        /// Window name (default: the first window of the spec).
+        #[arg(long)]
+        window: Option<String>,
+        /// Scope (default: the global list).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// Show at most this many versions.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
         /// `table` or `json` (the reducer's answer as is).
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
@@ -112,9 +137,10 @@ async fn run(cli: Cli) -> Result<String, String> {
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
     let name = match &cli.command {
-        Command::Get { name, .. } | Command::Status { name } | Command::Rollback { name, .. } => {
-            name.clone()
-        }
+        Command::Get { name, .. }
+        | Command::History { name, .. }
+        | Command::Status { name }
+        | Command::Rollback { name, .. } => name.clone(),
     };
     let metric = metrics
         .get_opt(&name)
@@ -126,6 +152,8 @@ async fn run(cli: Cli) -> Result<String, String> {
             window,
             scope,
             k,
+            version,
+            as_of,
             output,
             ..
         } => {
@@ -136,41 +164,44 @@ async fn run(cli: Cli) -> Result<String, String> {
             if let Some(k) = k {
                 query.push(("k", k.to_string()));
             }
-            let path = format!(
-                "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/rankings/{}?{}",
-                Names::of(&name).reducer,
-                encode(&metric.spec.metric),
-                query
-                    .iter()
-                    .map(|(k, v)| format!("{k}={}", encode(v)))
-                    .collect::<Vec<_>>()
-                    .join("&")
-            );
-            let request = http::Request::get(path)
-                .body(kube::client::Body::empty())
-                .map_err(|e| e.to_string())?;
-            let unreachable = |e: kube::Error| {
-                format!(
-                    "the reducer of {ns}/{name} did not answer (is it ready? `kubectl get tkm {name} -n {ns}`): {e}"
-                )
-            };
-            let response = client.send(request).await.map_err(unreachable)?;
-            let code = response.status();
-            let body = response
-                .into_body()
-                .collect_bytes()
-                .await
-                .map_err(unreachable)?;
-            let text = String::from_utf8_lossy(&body).into_owned();
-            if !code.is_success() {
-                return Err(refusal(&ns, &name, code.as_u16(), &text));
+            if let Some(version) = version {
+                query.push(("version", version.to_string()));
             }
+            if let Some(as_of) = as_of {
+                query.push(("asOf", as_of));
+            }
+            let reducer = Reducer::of(&client, &ns, &name, &metric.spec.metric);
+            let text = reducer.get("", &query).await?;
             if output == "json" {
                 return Ok(format!("{text}\n"));
             }
             let list: Value = serde_json::from_str(&text)
                 .map_err(|e| format!("the reducer answered something else than a list: {e}"))?;
             Ok(render_list(&list))
+        }
+        Command::History {
+            window,
+            scope,
+            limit,
+            output,
+            ..
+        } => {
+            let window = window
+                .or_else(|| metric.spec.windows.first().map(|w| w.name.clone()))
+                .unwrap_or_default();
+            let query = vec![
+                ("window", window),
+                ("scope", scope),
+                ("limit", limit.to_string()),
+            ];
+            let reducer = Reducer::of(&client, &ns, &name, &metric.spec.metric);
+            let text = reducer.get("/history", &query).await?;
+            if output == "json" {
+                return Ok(format!("{text}\n"));
+            }
+            let history: Value = serde_json::from_str(&text)
+                .map_err(|e| format!("the reducer answered something else than a history: {e}"))?;
+            Ok(render_history(&history))
         }
         Command::Status { .. } => {
             let maps: Api<ConfigMap> = Api::namespaced(client, &ns);
@@ -235,6 +266,111 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The query API of a metric's reducers, through the API server's service proxy.
+struct Reducer<'a> {
+    client: &'a Client,
+    ns: &'a str,
+    name: &'a str,
+    metric: &'a str,
+}
+
+impl<'a> Reducer<'a> {
+    fn of(client: &'a Client, ns: &'a str, name: &'a str, metric: &'a str) -> Self {
+        Self {
+            client,
+            ns,
+            name,
+            metric,
+        }
+    }
+
+    /// `GET /v1/rankings/{metric}{suffix}?query`: the body of a 2xx answer, else why not.
+    async fn get(&self, suffix: &str, query: &[(&str, String)]) -> Result<String, String> {
+        let (ns, name) = (self.ns, self.name);
+        let path = format!(
+            "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/rankings/{}{suffix}?{}",
+            Names::of(name).reducer,
+            encode(self.metric),
+            query
+                .iter()
+                .map(|(k, v)| format!("{k}={}", encode(v)))
+                .collect::<Vec<_>>()
+                .join("&")
+        );
+        let request = http::Request::get(path)
+            .body(kube::client::Body::empty())
+            .map_err(|e| e.to_string())?;
+        let unreachable = |e: kube::Error| {
+            format!(
+                "the reducer of {ns}/{name} did not answer (is it ready? `kubectl get tkm {name} -n {ns}`): {e}"
+            )
+        };
+        let response = self.client.send(request).await.map_err(unreachable)?;
+        let code = response.status();
+        let body = response
+            .into_body()
+            .collect_bytes()
+            .await
+            .map_err(unreachable)?;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if !code.is_success() {
+            return Err(refusal(ns, name, code.as_u16(), &text));
+        }
+        Ok(text)
+    }
+}
+
+/// A list's stored versions as a table, the served one marked.
+fn render_history(history: &Value) -> String {
+    let scope = match history["scope"].as_str() {
+        Some("") | None => "(global)",
+        Some(s) => s,
+    };
+    let mut out = format!(
+        "{}  window {}  scope {scope}  served version {}\n",
+        str_of(history, "metric"),
+        str_of(history, "window"),
+        history["served"],
+    );
+    let _ = writeln!(
+        out,
+        "{:>8}  {:<24}  {:<24}  {:<24}  {:>5}  INPUT (shard:offset)",
+        "VERSION", "AS OF", "WINDOW END", "WATERMARK", "ITEMS"
+    );
+    let versions = history["versions"].as_array().cloned().unwrap_or_default();
+    for v in &versions {
+        let input: Vec<String> = v["inputRange"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| format!("{}:{}", r["shard"], r["offset"]))
+            .collect();
+        let served = if v["version"] == history["served"] {
+            "*"
+        } else {
+            " "
+        };
+        let _ = writeln!(
+            out,
+            "{:>7}{served}  {:<24}  {:<24}  {:<24}  {:>5}  {}",
+            v["version"].to_string(),
+            str_of(v, "asOf"),
+            str_of(v, "windowEnd"),
+            str_of(v, "watermark"),
+            v["items"].to_string(),
+            if input.is_empty() {
+                "-".to_owned()
+            } else {
+                input.join(" ")
+            },
+        );
+    }
+    if versions.is_empty() {
+        out.push_str("(no stored versions)\n");
+    }
+    out
 }
 
 /// A non-2xx answer: the reducer's own `{"error": ...}` (bad window, unknown scope), or the
@@ -434,6 +570,28 @@ mod tests {
             "{text}"
         );
         assert_eq!(encode("eu west/1"), "eu%20west%2F1");
+    }
+
+    #[test]
+    fn a_history_renders_with_the_served_version_marked() {
+        let history = serde_json::json!({
+            "metric": "plays", "window": "1h", "scope": "", "served": 7,
+            "versions": [
+                {"version": 8, "asOf": "2026-12-04T10:01:00Z", "windowEnd": "2026-12-04T10:00:00Z",
+                 "watermark": "2026-12-04T10:00:30Z", "items": 5,
+                 "inputRange": [{"shard": 0, "epoch": 1, "offset": 40}, {"shard": 1, "epoch": 1, "offset": 12}]},
+                {"version": 7, "asOf": "2026-12-04T10:00:00Z", "windowEnd": "2026-12-04T09:59:00Z",
+                 "watermark": "2026-12-04T09:59:30Z", "items": 4, "inputRange": []},
+            ],
+        });
+        let text = render_history(&history);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("served version 7"), "{text}");
+        assert!(
+            lines[2].trim_start().starts_with("8 ") && lines[2].ends_with("0:40 1:12"),
+            "{text}"
+        );
+        assert!(lines[3].trim_start().starts_with("7*"), "{text}");
     }
 
     #[test]

@@ -5,7 +5,6 @@
 //! TopKMetric (checked by impersonation) and a reducer acts on it once.
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Pod, Service};
@@ -14,7 +13,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use topk_api::rollback::{ROLLBACK_ANNOTATION, RollbackResult};
 use topk_api::{RankingRecord, TopKMetric};
-use topk_query::{Served, query_router};
+use topk_query::query_router;
 use topk_reducer::rollback::{RollbackTarget, handle, watch_requests};
 use topk_reducer::store::Meta;
 use topk_testenv::{TestEnv, await_some, install_crd};
@@ -83,7 +82,8 @@ async fn with_metric(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_get_through_the_service_proxy() {
-    let Some((env, client, ns, metrics, _)) = with_metric("kubectl plugin", "plugin").await else {
+    let Some((env, client, ns, metrics, metric)) = with_metric("kubectl plugin", "plugin").await
+    else {
         return;
     };
     let status = serde_json::json!({"status": {
@@ -146,7 +146,8 @@ async fn status_and_get_through_the_service_proxy() {
     let Some(address) = host_address(&env) else {
         panic!("no non-loopback IPv4 address on this machine for the apiserver to proxy to");
     };
-    let served = Arc::new(Served::new("plays", vec!["1m".into()], 5));
+    // A reducer's ranking store: version 1 stored, version 2 served.
+    let (_state, shared) = reducer_store(&metric);
     let record: RankingRecord = serde_json::from_value(serde_json::json!({
         "metric": "plays", "scope": "", "window": "1m",
         "windowStart": "2026-09-01T19:00:00Z", "windowEnd": "2026-09-01T19:01:00Z",
@@ -156,15 +157,15 @@ async fn status_and_get_through_the_service_proxy() {
             {"rank": 3, "key": "c", "count": 1},
         ],
         "mode": "exact", "maxOvercount": 0, "watermark": "2026-09-01T19:01:00Z",
-        "asOf": "2026-09-01T19:01:01Z", "version": 1,
+        "asOf": "2026-09-01T19:02:01Z", "version": 2,
     }))
     .expect("a ranking record");
-    served.put([record]);
+    publish(&shared, [version(1, "old-leader"), record]);
     let listener = tokio::net::TcpListener::bind(format!("{address}:0"))
         .await
         .expect("bind");
     let port = i32::from(listener.local_addr().expect("address").port());
-    let app = query_router(served);
+    let app = query_router(shared.served.clone());
     let _server = tokio::spawn(async move { axum::serve(listener, app).await });
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     let service: Service = serde_json::from_value(serde_json::json!({
@@ -239,6 +240,62 @@ async fn status_and_get_through_the_service_proxy() {
         "{err}"
     );
     assert!(err.contains("9h"), "{err}");
+
+    // Earlier versions: by number, by time, and the history with the served one marked.
+    let (ok, out, err) = plugin(&env, &["get", "plays", "-n", &ns, "--version", "1"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("version 1 ") && out.contains("old-leader"),
+        "{out}"
+    );
+    let as_of = ["--as-of", "2026-09-01T19:01:30Z"];
+    let (ok, out, err) = plugin(&env, &[&["get", "plays", "-n", &ns][..], &as_of].concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("old-leader"), "{out}");
+    let (ok, out, err) = plugin(&env, &["history", "plays", "-n", &ns]);
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = out.lines().skip(2).map(str::trim_start).collect();
+    assert!(
+        out.starts_with("plays  window 1m  scope (global)  served version 2"),
+        "{out}"
+    );
+    assert!(rows[0].starts_with("2*  2026-09-01T19:02:01Z"), "{out}");
+    assert!(rows[1].starts_with("1   2026-09-01T19:01:01Z"), "{out}");
+    let (ok, _, err) = plugin(&env, &["get", "plays", "-n", &ns, "--version", "9"]);
+    assert!(!ok);
+    assert!(
+        err.contains("version 9") && err.contains("not stored"),
+        "{err}"
+    );
+}
+
+/// A reducer's ranking store for `metric` in a temp dir (kept while the guard lives), with
+/// the `Served` lists it answers from.
+fn reducer_store(
+    metric: &TopKMetric,
+) -> (
+    tempfile::TempDir,
+    std::sync::Arc<topk_reducer::reducer::Shared>,
+) {
+    let state = tempfile::tempdir().expect("temp dir");
+    let config = topk_api::DataPlaneConfig::from_metric(metric).expect("config");
+    let mut settings = topk_reducer::settings(
+        &config,
+        topk_api::kafka::KafkaProperties::plaintext("127.0.0.1:9"),
+    );
+    settings.state_dir = state.path().to_owned();
+    let shared = topk_reducer::reducer::open_shared(&settings).expect("store");
+    (state, shared)
+}
+
+/// Stores each list as a new version and serves it.
+fn publish(shared: &topk_reducer::reducer::Shared, lists: impl IntoIterator<Item = RankingRecord>) {
+    for record in lists {
+        let list = [record];
+        shared.store.write_versions(&list).expect("versions");
+        shared.store.point(&list, &Meta::default()).expect("point");
+        shared.served.put(list);
+    }
 }
 
 /// A list of metric plays, window 1m, with `leader` on top.
@@ -288,20 +345,8 @@ async fn rollback_needs_patch_on_the_metric_and_a_reducer_acts_on_it_once() {
 
     // A reducer's store with three versions of the 1m list, the newest served, and its
     // request watch on the metric (as the first replica runs it: it reports).
-    let state = tempfile::tempdir().expect("temp dir");
-    let config = topk_api::DataPlaneConfig::from_metric(&metric).expect("config");
-    let mut settings = topk_reducer::settings(
-        &config,
-        topk_api::kafka::KafkaProperties::plaintext("127.0.0.1:9"),
-    );
-    settings.state_dir = state.path().to_owned();
-    let shared = topk_reducer::reducer::open_shared(&settings).expect("store");
-    for v in 1..=3 {
-        let list = [version(v, &format!("leader-{v}"))];
-        shared.store.write_versions(&list).expect("versions");
-        shared.store.point(&list, &Meta::default()).expect("point");
-        shared.served.put(list);
-    }
+    let (_state, shared) = reducer_store(&metric);
+    publish(&shared, (1..=3).map(|v| version(v, &format!("leader-{v}"))));
     let served_version = || {
         shared
             .served

@@ -145,7 +145,8 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
         }
         Err(err) => return Err(err),
     };
-    let served = Served::new(metric, settings.merge.windows.clone(), settings.merge.k);
+    let served = Served::new(metric, settings.merge.windows.clone(), settings.merge.k)
+        .with_history(store.clone());
     served.put(latest);
     let shared = Arc::new(Shared {
         served: Arc::new(served),

@@ -356,3 +356,19 @@ impl RankingStore {
         Ok(deleted)
     }
 }
+
+/// The query API's `?version=`, `?asOf=` and history answers, from the stored versions.
+impl topk_query::History for RankingStore {
+    fn versions(&self, window: &str, scope: &str) -> Result<Vec<u64>, String> {
+        RankingStore::versions(self, window, scope).map_err(|e| e.to_string())
+    }
+
+    fn version(
+        &self,
+        window: &str,
+        scope: &str,
+        version: u64,
+    ) -> Result<Option<RankingRecord>, String> {
+        self.get(window, scope, version).map_err(|e| e.to_string())
+    }
+}
