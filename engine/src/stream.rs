@@ -179,14 +179,18 @@ impl ShardStream {
         let watermark = self.watermark_ms();
         check_event(&self.cfg, event, now_ms, watermark)?;
         let lookup = look_up(self.dedupe.as_ref(), event.event_id.as_deref(), watermark);
-        if lookup == Some(Lookup::Duplicate) {
-            return Ok(IdCheck::Duplicate);
-        }
         let (cfg, shard) = (&self.cfg, self.counter.shard());
+        let owned = || shard_for(&cfg.metric, &event.scope, &event.key, cfg.shards) == shard;
+        if lookup == Some(Lookup::Duplicate) {
+            // A misrouted event is `wrong_shard` whatever its id: its producer must hear of it.
+            return if owned() {
+                Ok(IdCheck::Duplicate)
+            } else {
+                Err(RejectReason::WrongShard)
+            };
+        }
         self.counter
-            .add_owned(&event.scope, &event.key, event.time_ms, event.cost, || {
-                shard_for(&cfg.metric, &event.scope, &event.key, cfg.shards) == shard
-            })?;
+            .add_owned(&event.scope, &event.key, event.time_ms, event.cost, owned)?;
         // Counting before publishing gives the same summaries: the event's bucket ends after
         // its time, so the watermark it raises cannot close that bucket.
         if self.max_event_ms.is_none_or(|t| event.time_ms > t) {

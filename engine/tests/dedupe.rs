@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use proptest::prelude::*;
 use topk_engine::dedupe::{DedupeConfig, IdCheck};
 use topk_engine::event::Event;
+use topk_engine::partition::shard_for;
 use topk_engine::stream::{ShardStream, StreamSnapshot};
 use topk_engine::{EngineConfig, Mode, RejectReason, ShardSummary, SketchParams, WindowConfig};
 
@@ -188,4 +189,32 @@ proptest! {
         prop_assert_eq!(duplicates, with_retries.len() - originals.len());
         prop_assert_eq!(got, want);
     }
+}
+
+#[test]
+fn a_misrouted_event_is_wrong_shard_even_when_its_id_was_counted() {
+    let dedupe = DedupeConfig {
+        horizon_ms: 0,
+        max_ids: 10,
+    };
+    let cfg = EngineConfig {
+        shards: 2,
+        ..config(Mode::Exact, 1_000, Some(dedupe))
+    };
+    let on = |shard: u32| {
+        (0u8..)
+            .find(|k| shard_for("m", "", &format!("k{k}"), 2) == shard)
+            .expect("a key of the shard")
+    };
+    let mut stream = ShardStream::new(&cfg, 0);
+    let mut out = Vec::new();
+    let mine = event(10, on(0), Some(1));
+    assert_eq!(stream.ingest(&mine, NOW, &mut out), Ok(IdCheck::First));
+    assert_eq!(stream.ingest(&mine, NOW, &mut out), Ok(IdCheck::Duplicate));
+    let misrouted = event(10, on(1), Some(1));
+    assert_eq!(
+        stream.ingest(&misrouted, NOW, &mut out),
+        Err(RejectReason::WrongShard)
+    );
+    assert_eq!(stream.accepted(), 1);
 }
