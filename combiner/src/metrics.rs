@@ -82,8 +82,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        topk_runtime::probes::page(&self.registry)
     }
 }

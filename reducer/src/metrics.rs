@@ -345,8 +345,6 @@ impl ReducerMetrics {
     }
 
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        topk_runtime::probes::page(&self.registry)
     }
 }

@@ -21,6 +21,14 @@ pub struct Probes {
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The metrics page of `registry`, in the OpenMetrics text format.
+pub fn page(registry: &prometheus_client::registry::Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
 pub fn router(probes: Probes) -> Router {
     let metrics = probes.metrics.clone();
     Router::new()

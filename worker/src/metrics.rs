@@ -277,8 +277,6 @@ impl WorkerMetrics {
     }
 
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        topk_runtime::probes::page(&self.registry)
     }
 }
