@@ -76,6 +76,11 @@ impl ApproxWindow {
         self.window.error_bound()
     }
 
+    /// The closed window's estimate of the key hashed `hash`: never below its true count.
+    pub(crate) fn estimate(&self, hash: u64) -> u64 {
+        self.window.estimate(hash)
+    }
+
     #[inline]
     pub(crate) fn add(
         &mut self,

@@ -108,6 +108,11 @@ fn default_max_scopes() -> usize {
 }
 
 impl EngineConfig {
+    /// The position of the window named `name` among the configured ones.
+    pub fn window_position(&self, name: &str) -> Option<usize> {
+        self.windows.iter().position(|w| w.name == name)
+    }
+
     /// Estimated sketch memory of one shard: per window, a sketch for every closed bucket in
     /// it, every bucket lateness keeps open, and the running window sum.
     pub fn sketch_bytes_per_shard(&self, p: SketchParams) -> u128 {

@@ -223,6 +223,11 @@ impl ExactWindow {
         }
     }
 
+    /// Key `id`'s count in the closed window.
+    pub(crate) fn count_of(&self, id: u32) -> u64 {
+        self.totals.get(id as usize).copied().unwrap_or(0)
+    }
+
     /// Keys with a positive count in the closed window, as (id, count).
     pub(crate) fn counted(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
         self.totals

@@ -20,6 +20,12 @@ pub fn key_hash(scope_seed: u64, key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), scope_seed)
 }
 
+/// The seed of a scope's key hashes: its name's hash, so it survives the scope's id.
+#[inline]
+pub fn scope_seed(scope: &str) -> u64 {
+    xxh3_64(scope.as_bytes())
+}
+
 /// Scope names and ids. An expired scope's id goes on a free list and is reused, so ids stay
 /// below the number of scopes held at once; a reused id's seed follows its new name.
 #[derive(Debug, Default)]
@@ -54,7 +60,7 @@ impl ScopeTable {
     }
 
     pub(crate) fn register(&mut self, scope: &str) -> u32 {
-        let seed = xxh3_64(scope.as_bytes());
+        let seed = scope_seed(scope);
         let id = match self.free.pop() {
             Some(id) => {
                 self.names[id as usize] = scope.into();

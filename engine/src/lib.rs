@@ -36,4 +36,4 @@ pub use config::{EngineConfig, Mode, SketchParams, WindowConfig};
 pub use error::EngineError;
 pub use event::{Event, RejectReason};
 pub use pipeline::{IngestOutcome, Pipeline, Published};
-pub use summary::{RankedItem, Ranking, ShardSummary};
+pub use summary::{PointCount, RankedItem, Ranking, ShardSummary};

@@ -12,7 +12,7 @@ use crate::error::EngineError;
 use crate::event::{Event, EventParser, RejectReason};
 use crate::partition::shard_for;
 use crate::shard::ShardCounter;
-use crate::summary::{Ranking, merge_known};
+use crate::summary::{PointCount, Ranking, merge_known};
 use crate::window::{boundary_after, closed_boundary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +109,13 @@ impl Pipeline {
     /// not in [`Self::accepted`].
     pub fn dedupe_outcomes(&self) -> &BTreeMap<IdCheck, u64> {
         &self.dedupe_outcomes
+    }
+
+    /// A key's count in window `window` (its position in the config) as of the window's last
+    /// closed boundary, from the shard that owns it; see [`ShardCounter::point_count`].
+    pub fn point_count(&self, window: usize, scope: &str, key: &str) -> PointCount {
+        let shard = shard_for(&self.cfg.metric, scope, key, self.cfg.shards);
+        self.shards[shard as usize].point_count(window, scope, key)
     }
 
     pub fn state_bytes(&self) -> usize {

@@ -7,10 +7,10 @@ use crate::config::{EngineConfig, Mode, WindowConfig};
 use crate::error::EngineError;
 use crate::event::RejectReason;
 use crate::exact::ExactWindow;
-use crate::keys::{KeyTable, ScopeTable, key_hash};
+use crate::keys::{KeyTable, ScopeTable, key_hash, scope_seed};
 use crate::sketch::CountMinSketch;
 use crate::snapshot::{ExactBucket, SNAPSHOT_FORMAT, ShardSnapshot, WindowSnapshot};
-use crate::summary::{KeyCount, ScopeItems, ShardSummary, rank_order, top_k};
+use crate::summary::{KeyCount, PointCount, ScopeItems, ShardSummary, rank_order, top_k};
 
 enum State {
     Exact {
@@ -272,12 +272,7 @@ impl ShardCounter {
         };
         // By name, not by id: ids depend on which scopes expired before, a summary must not.
         scopes.sort_unstable_by(|a, b| a.scope.cmp(&b.scope));
-        // All-time windows end too: at the boundary their closed buckets reach.
-        let window_end_ms = match closed_through {
-            i64::MIN => None,
-            idx => Some(idx.saturating_mul(cfg.bucket_ms)),
-        };
-        let window_start_ms = window_end_ms.zip(cfg.length_ms).map(|(end, len)| end - len);
+        let (window_start_ms, window_end_ms) = closed_window(cfg, closed_through);
         ShardSummary {
             metric: self.metric.clone(),
             shard: self.shard,
@@ -291,6 +286,38 @@ impl ShardCounter {
             max_overcount,
             total,
             scopes,
+        }
+    }
+
+    /// Key `key` of `scope` in window `window` as of the window's last closed boundary: what
+    /// the summary for that boundary counted, whether or not the key made its top. Exact mode
+    /// gives the count; approximate mode the window sketch's estimate, never below it.
+    pub fn point_count(&self, window: usize, scope: &str, key: &str) -> PointCount {
+        let cfg = &self.windows[window];
+        let (closed_through, count, max_overcount) = match &self.state {
+            State::Exact { keys, windows } => {
+                let w = &windows[window];
+                let count = self.scopes.find(scope).map_or(0, |scope_id| {
+                    let hash = key_hash(self.scopes.seed(scope_id), key);
+                    keys.find(hash, scope_id, key)
+                        .map_or(0, |id| w.count_of(id))
+                });
+                (w.closed_through(), count, 0)
+            }
+            State::Approximate { windows } => {
+                let w = &windows[window];
+                // The seed is the scope name's hash, so a scope the shard no longer holds
+                // still finds its cells (which then hold collisions only).
+                let hash = key_hash(scope_seed(scope), key);
+                (w.closed_through(), w.estimate(hash), w.error_bound())
+            }
+        };
+        let (window_start_ms, window_end_ms) = closed_window(cfg, closed_through);
+        PointCount {
+            count,
+            max_overcount,
+            window_start_ms,
+            window_end_ms,
         }
     }
 
@@ -315,6 +342,16 @@ impl ShardCounter {
                 }
             }
     }
+}
+
+/// The (start, end) of a window whose buckets before `closed_through` are closed; all-time
+/// windows end too, at the boundary their closed buckets reach, and start nowhere.
+fn closed_window(cfg: &WindowConfig, closed_through: i64) -> (Option<i64>, Option<i64>) {
+    let end = match closed_through {
+        i64::MIN => None,
+        idx => Some(idx.saturating_mul(cfg.bucket_ms)),
+    };
+    (end.zip(cfg.length_ms).map(|(end, len)| end - len), end)
 }
 
 /// What a shard's state depends on: a snapshot is only restored under the same.

@@ -15,7 +15,7 @@ use crate::partition::shard_for;
 use crate::pipeline::check_event;
 use crate::shard::ShardCounter;
 use crate::snapshot::ShardSnapshot;
-use crate::summary::ShardSummary;
+use crate::summary::{PointCount, ShardSummary};
 use crate::window::closed_boundary;
 
 /// Most summaries one window publishes when the watermark jumps over many boundaries at once.
@@ -135,6 +135,11 @@ impl ShardStream {
 
     pub fn state_bytes(&self) -> usize {
         self.counter.state_bytes() + self.dedupe.as_ref().map_or(0, Deduper::heap_bytes)
+    }
+
+    /// See [`ShardCounter::point_count`].
+    pub fn point_count(&self, window: usize, scope: &str, key: &str) -> PointCount {
+        self.counter.point_count(window, scope, key)
     }
 
     /// `event_id`s dedupe remembers (0 when it is off).

@@ -22,6 +22,20 @@ pub struct ScopeItems {
     pub items: Vec<KeyCount>,
 }
 
+/// One key's count in one window of one shard, as of the window's last closed boundary (see
+/// [`crate::shard::ShardCounter::point_count`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PointCount {
+    pub count: u64,
+    /// `count` exceeds the true count by at most this (approximate mode, with probability
+    /// 1 - delta); 0 when exact.
+    pub max_overcount: u64,
+    /// Absent for all-time windows.
+    pub window_start_ms: Option<i64>,
+    /// Absent before the window's first boundary (nothing counted is closed yet).
+    pub window_end_ms: Option<i64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardSummary {
     pub metric: String,
