@@ -6,6 +6,7 @@ pub mod crd;
 pub mod dataplane;
 pub mod duration;
 pub mod error;
+pub mod frequency;
 pub mod handoff;
 pub mod kafka;
 pub mod manifest;

@@ -1,6 +1,9 @@
 //! Names of the Kubernetes objects the operator creates for a TopKMetric, shared with the
 //! components and tools that look them up (workers, reducers, `kubectl topk`).
 
+/// The port of every data-plane pod's HTTP endpoints (query API, point counts, metrics, probes).
+pub const HTTP_PORT: u16 = 8080;
+
 /// Names of the objects owned by one TopKMetric.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {

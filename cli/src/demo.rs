@@ -116,8 +116,10 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     });
     let mut lines = Vec::with_capacity(per_tick as usize * 2);
     let mut printed_version = 0;
+    let mut points = ingestor.take_points();
     loop {
         tokio::select! {
+            Some(request) = async { points.as_mut()?.recv().await } => ingestor.answer(request),
             _ = ticker.tick() => {
                 let now = now_ms();
                 for _ in 0..per_tick {

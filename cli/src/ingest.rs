@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use tokio::sync::mpsc;
 use topk_engine::pipeline::Published;
 use topk_engine::{IngestOutcome, Pipeline, RejectReason};
+use topk_query::{PointRequest, answer_with_pipeline, point_channel};
 
 use crate::metrics::WindowLabel;
 use crate::server::AppState;
@@ -15,15 +17,45 @@ pub struct Ingestor {
     pipeline: Pipeline,
     state: Arc<AppState>,
     published: Vec<Published>,
+    /// Point-count requests from the query API, answered from the pipeline; `None` once taken.
+    points: Option<mpsc::Receiver<PointRequest>>,
 }
 
 impl Ingestor {
+    /// Also answers the query API's point counts (`/v1/frequency`) from `pipeline`.
     pub fn new(pipeline: Pipeline, state: Arc<AppState>) -> Self {
+        let windows = pipeline
+            .config()
+            .windows
+            .iter()
+            .map(|w| w.name.clone())
+            .collect();
+        // Nothing to wake: requests are taken between lines or awaited.
+        let (counts, points) = point_channel(windows, Arc::new(|| {}));
+        state.served.set_point_counts(Arc::new(counts));
         Self {
             pipeline,
             state,
             published: Vec::new(),
+            points: Some(points),
         }
+    }
+
+    /// The point-count requests, for a caller that awaits them (see [`Self::answer`]).
+    pub fn take_points(&mut self) -> Option<mpsc::Receiver<PointRequest>> {
+        self.points.take()
+    }
+
+    /// Answers the point-count requests waiting, if any.
+    pub fn answer_waiting(&mut self) {
+        while let Some(request) = self.points.as_mut().and_then(|p| p.try_recv().ok()) {
+            self.answer(request);
+        }
+    }
+
+    /// Answers one point-count request: every shard is in this process.
+    pub fn answer(&self, request: PointRequest) {
+        answer_with_pipeline(&self.pipeline, request, now_ms());
     }
 
     pub fn pipeline(&self) -> &Pipeline {

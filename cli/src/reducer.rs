@@ -12,6 +12,10 @@ use crate::error::CliError;
 pub struct ReducerArgs {
     #[command(flatten)]
     pub common: DataPlaneArgs,
+    /// Outside a cluster: the workers' base URLs by ordinal (comma-separated), asked for point
+    /// counts. In a cluster the reducer finds each worker pod under its headless Service.
+    #[arg(long, value_delimiter = ',')]
+    pub worker_urls: Vec<String>,
 }
 
 pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
@@ -20,6 +24,15 @@ pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
     let mut settings = topk_reducer::settings(&config, kafka.internal);
     settings.state_dir = common.state_dir.clone();
     let control = common.control(&config, None).await?;
+    if let (topk_runtime::ControlPlane::Files { .. }, Some(points)) =
+        (&control, settings.point_counts.as_mut())
+    {
+        if args.worker_urls.is_empty() {
+            settings.point_counts = None;
+        } else {
+            points.workers = topk_reducer::points::WorkerUrls::Listed(args.worker_urls.clone());
+        }
+    }
     // One writer is enough and avoids replicas fighting over the same fields.
     let status = match (&control, common.ordinal().unwrap_or(0)) {
         (topk_runtime::ControlPlane::Kubernetes { client, namespace }, 0) => Some(StatusTarget {

@@ -116,6 +116,14 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         return Ok(());
     }
     tracing::info!("input finished; serving the final lists until interrupted");
+    let mut ingestor = ingestor;
+    if let Some(mut points) = ingestor.take_points() {
+        tokio::task::spawn_blocking(move || {
+            while let Some(request) = points.blocking_recv() {
+                ingestor.answer(request);
+            }
+        });
+    }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => Ok(()),
         served = server => served.map_err(|e| CliError::Serve(std::io::Error::other(e)))?,
@@ -155,6 +163,7 @@ fn ingest(
         }
         if lines.is_multiple_of(1024) {
             now = now_ms();
+            ingestor.answer_waiting();
             if lines.is_multiple_of(1 << 16) && last_report.elapsed().as_secs() >= 2 {
                 last_report = Instant::now();
                 progress(&ingestor, lines, started);

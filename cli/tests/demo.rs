@@ -1,4 +1,5 @@
-//! `topk demo` starts without any input, publishes lists and prints the changing top 5.
+//! `topk demo` starts without any input, publishes lists, answers point counts and prints the
+//! changing top 5.
 
 mod common;
 
@@ -36,6 +37,23 @@ fn demo_serves_and_prints_a_moving_top_five() {
         server.base
     ));
     assert!(regional.contains("\"items\""), "{regional}");
+    // Point counts from the same engine: the leader keeps being requested, so it counts.
+    let leader = &first["items"][0];
+    let (status, body) = get(&format!(
+        "{}/v1/frequency/api_requests?window=1m&key={}",
+        server.base,
+        leader["key"]
+            .as_str()
+            .unwrap()
+            .replace(' ', "%20")
+            .replace('/', "%2F")
+    ));
+    assert_eq!(status, 200, "{body}");
+    let counts: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        counts["items"][0]["count"].as_u64() > Some(0),
+        "{counts} for {leader}"
+    );
 
     let stdout = server.child.stdout.take().unwrap();
     let printed_rank_one = BufReader::new(stdout)

@@ -3,7 +3,7 @@
 //! HTTP API, also when a worker is SIGKILLed and restarted mid-stream; a takedown added to
 //! the running reducer's config leaves the lists at once, and lifting it brings the key back;
 //! with `spec.internalKafka` the internal topics live on another broker and the lists are the
-//! same.
+//! same; point counts through the reducer equal the oracle for every key.
 
 mod common;
 
@@ -272,6 +272,171 @@ fn workers_and_reducer_publish_the_exact_lists() {
     }
     let (_, metrics) = common::get(&format!("{}/metrics", reducer.base));
     assert!(metrics.contains("topk_reducer_denied_keys 0"), "{metrics}");
+}
+
+/// Asks the reducer at `base` for the counts of `keys` in `window` and `scope`: (status, JSON).
+fn point_counts(base: &str, window: &str, scope: &str, keys: &[String]) -> (u16, Value) {
+    let keys: String = keys.iter().map(|k| format!("&key={k}")).collect();
+    let (status, body) = common::get(&format!(
+        "{base}/v1/frequency/plays?window={window}&scope={scope}{keys}"
+    ));
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// Point counts through the reducer, from the workers owning the keys: every key's count, on
+/// the list or far below it, equals the oracle in exact mode and is never below it in
+/// approximate mode (and within the bound the answer states).
+fn point_counts_match_the_oracle(mode: &str) {
+    let Some(env) = TestEnv::get(&format!("point counts, {mode} mode")) else {
+        return;
+    };
+    let counting = if mode == "exact" {
+        "mode: exact".to_owned()
+    } else {
+        "mode: approximate\nsketch: {epsilon: 0.01, delta: 0.01, candidates: 20}".to_owned()
+    };
+    let metric = NewMetric::create(
+        &env,
+        "counts",
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 3
+{counting}
+allowedLateness: 100ms
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
+windows:
+  - {{name: 1h, length: 1h, bucket: 1s}}
+  - {{name: all, allTime: true, bucket: 1s}}
+"#
+        ),
+    );
+    let mut stack = common::Stack::start(metric.dir.path(), &metric.config);
+    let workers = [stack.served_worker(0), stack.served_worker(1)];
+    stack.ask_workers(&[&workers[0], &workers[1]]);
+    let producer = producer(&env);
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let now = now_ms();
+    // 40 keys per scope with counts 1..=40: only the top 3 of each are on a list.
+    for n in 1..=40u64 {
+        for scope in ["", "eu"] {
+            let key = format!("tenant-{n}");
+            for i in 0..n {
+                let payload = serde_json::json!({
+                    "event_time": now + i as i64, "metric": "plays", "scope": scope, "key": key,
+                })
+                .to_string();
+                producer
+                    .send(
+                        BaseRecord::to(&metric.input)
+                            .key(&message_key("plays", scope, &key))
+                            .payload(&payload),
+                    )
+                    .expect("enqueue");
+            }
+            counts.insert((scope.to_owned(), key), n);
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let base = &stack.reducer.base;
+    let mut keys: Vec<String> = (1..=40).map(|n| format!("tenant-{n}")).collect();
+    keys.push("never-seen".into());
+    for window in ["1h", "all"] {
+        for scope in ["", "eu"] {
+            // The 1h window closes through the idle advance too; wait for every key in it.
+            let answer = common::await_some(&format!("{window} counts of {scope:?}"), WAIT, || {
+                let (status, answer) = point_counts(base, window, scope, &keys);
+                assert!(status == 200 || status == 503, "{status}: {answer}");
+                let total: u64 = answer["items"]
+                    .as_array()?
+                    .iter()
+                    .map(|i| i["count"].as_u64().unwrap_or(0))
+                    .sum();
+                (status == 200 && total >= 820).then_some(answer)
+            });
+            assert_eq!(answer["mode"], mode);
+            assert_eq!(answer["window"], window);
+            assert!(answer["watermark"].is_string(), "{answer}");
+            let items = answer["items"].as_array().expect("items");
+            assert_eq!(items.len(), keys.len(), "one item per key: {answer}");
+            let shards: std::collections::BTreeSet<u64> =
+                items.iter().filter_map(|i| i["shard"].as_u64()).collect();
+            assert_eq!(shards.len(), 2, "keys of both shards, from both workers");
+            // Beyond the bound only with probability delta per key.
+            let mut beyond_bound = 0;
+            for item in items {
+                let key = item["key"].as_str().expect("key");
+                let truth = counts
+                    .get(&(scope.to_owned(), key.to_owned()))
+                    .copied()
+                    .unwrap_or(0);
+                let count = item["count"].as_u64().expect("count");
+                let bound = item["maxOvercount"].as_u64().expect("maxOvercount");
+                if mode == "exact" {
+                    assert_eq!((count, bound), (truth, 0), "{window} {scope:?} {key}");
+                } else {
+                    assert!(
+                        count >= truth,
+                        "{window} {scope:?} {key} under-counted: {count} < {truth}"
+                    );
+                    beyond_bound += usize::from(count > truth + bound);
+                }
+                assert!(item["windowEnd"].is_string(), "{item}");
+            }
+            assert!(
+                beyond_bound <= items.len() / 10,
+                "{beyond_bound} counts beyond their bound: {answer}"
+            );
+        }
+    }
+
+    // A worker answers for its own shards and names the others.
+    let (status, body) = common::get(&format!(
+        "{}/v1/frequency/plays?window=1h{}",
+        workers[0].base,
+        keys.iter().map(|k| format!("&key={k}")).collect::<String>()
+    ));
+    assert_eq!(status, 200, "{body}");
+    let own: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(own["notOwned"], serde_json::json!([1]), "{own}");
+    assert!(
+        own["items"]
+            .as_array()
+            .is_some_and(|i| !i.is_empty() && i.len() < keys.len())
+    );
+
+    // Requests that cannot be answered say why.
+    for (query, code) in [
+        ("window=1h", 400),
+        ("window=5m&key=a", 400),
+        ("window=1h&key=a&colour=red", 400),
+    ] {
+        let (status, body) = common::get(&format!("{base}/v1/frequency/plays?{query}"));
+        assert_eq!(status, code, "{query}: {body}");
+    }
+    let (status, _) = common::get(&format!("{base}/v1/frequency/other?window=1h&key=a"));
+    assert_eq!(status, 404);
+    // With a worker gone, its keys cannot be counted: refused, never answered as zero.
+    drop(workers);
+    let (status, answer) = point_counts(base, "1h", "", &keys);
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("did not answer")),
+        "{answer}"
+    );
+}
+
+#[test]
+fn point_counts_equal_the_oracle_for_every_key_in_exact_mode() {
+    point_counts_match_the_oracle("exact");
+}
+
+#[test]
+fn point_counts_never_fall_below_the_oracle_in_approximate_mode() {
+    point_counts_match_the_oracle("approximate");
 }
 
 #[test]

@@ -220,7 +220,47 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
     let index: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(index["rankings"].as_array().unwrap().len(), 4, "{index}");
 
+    // Point counts from the same engine, for keys on the list and off it (k is 3: `e` is
+    // fourth), as of the same window end.
+    let counts = |query: &str| -> Value {
+        let (status, body) = get(&format!("{base}/v1/frequency/clicks?{query}"));
+        assert_eq!(status, 200, "{query}: {body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let answer = counts("window=1m&key=a&key=e&key=old&key=never");
+    assert_eq!(answer["mode"], "exact");
+    let found: Vec<(String, u64)> = answer["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            assert_eq!(i["windowEnd"], "2026-09-01T19:01:30Z", "{i}");
+            (
+                i["key"].as_str().unwrap().to_owned(),
+                i["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        pairs(&[("a", 5), ("e", 1), ("never", 0), ("old", 0)])
+    );
+    let all_time = counts("window=all&key=old");
+    assert_eq!(all_time["items"][0]["count"], 50, "{all_time}");
+    assert!(
+        all_time["items"][0].get("windowStart").is_none(),
+        "{all_time}"
+    );
+    assert_eq!(counts("window=all&scope=eu&key=d")["items"][0]["count"], 1);
+
     let cases = [
+        ("/v1/frequency/clicks?window=1m", 400, "give 1 to 1000 keys"),
+        (
+            "/v1/frequency/clicks?window=5m&key=a",
+            400,
+            "unknown window",
+        ),
+        ("/v1/frequency/nope?key=a", 404, "unknown metric"),
         ("/v1/rankings/nope?window=1m", 404, "unknown metric"),
         ("/v1/rankings/clicks?window=5m", 400, "unknown window"),
         ("/v1/rankings/clicks?window=1m&k=0", 400, "k must be"),

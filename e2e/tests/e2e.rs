@@ -685,6 +685,40 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
     ]);
     let list: Value = serde_json::from_str(&list).expect("kubectl topk get -o json");
     assert_eq!(items(&list), top5(&counts), "kubectl topk get");
+    // Point counts of every key, on the list or not, and of one never played: the reducer pod
+    // asks the worker pods that own them, by their names under the workers' headless Service.
+    let mut asked: Vec<&str> = counts.keys().map(String::as_str).collect();
+    asked.push("never-played");
+    let mut args = vec![
+        "topk", "count", "plays", "-n", ns, "--window", "all", "-o", "json",
+    ];
+    args.extend(&asked);
+    let answer: Value = serde_json::from_str(&kubectl(&args)).expect("kubectl topk count -o json");
+    let answered: BTreeMap<String, u64> = answer["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| {
+            (
+                i["key"].as_str().unwrap_or_default().to_owned(),
+                i["count"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect();
+    let mut expected = counts.clone();
+    expected.insert("never-played".into(), 0);
+    assert_eq!(answered, expected, "kubectl topk count: {answer}");
+    let table = kubectl(&[
+        "topk", "count", "plays", "-n", ns, "--window", "all", "song-3",
+    ]);
+    assert!(
+        table
+            .lines()
+            .last()
+            .is_some_and(|row| row.starts_with(&format!("{:>5}", counts["song-3"]))
+                && row.ends_with("song-3")),
+        "{table}"
+    );
     // `status` reads the metric and its assignment table: two workers, four shards.
     let status = kubectl(&["topk", "status", "plays", "-n", ns]);
     assert!(status.contains("WORKERS 2/2 ready"), "{status}");

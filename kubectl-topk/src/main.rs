@@ -86,6 +86,22 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
     },
+    /// Any keys' counts in a window (listed or not), from the workers owning them.
+    Count {
+        name: String,
+        /// The keys (at most 1000).
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// Window name (default: the first window of the spec).
+        #[arg(long)]
+        window: Option<String>,
+        /// Scope (default: the global one).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// `table` or `json` (the reducer's answer as is).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
     /// Conditions, shard owners and epochs, lag and exactness of a TopKMetric.
     Status { name: String },
     /// Point a list back at a stored version until its next publication.
@@ -139,6 +155,7 @@ async fn run(cli: Cli) -> Result<String, String> {
     let name = match &cli.command {
         Command::Get { name, .. }
         | Command::History { name, .. }
+        | Command::Count { name, .. }
         | Command::Status { name }
         | Command::Rollback { name, .. } => name.clone(),
     };
@@ -147,6 +164,12 @@ async fn run(cli: Cli) -> Result<String, String> {
         .await
         .map_err(|e| format!("cannot read TopKMetric {ns}/{name}: {e}"))?
         .ok_or_else(|| format!("TopKMetric {ns}/{name} not found"))?;
+    let reducer = Reducer::of(&client, &ns, &name, &metric.spec.metric);
+    let window_or_first = |window: Option<String>| {
+        window
+            .or_else(|| metric.spec.windows.first().map(|w| w.name.clone()))
+            .unwrap_or_default()
+    };
     match cli.command {
         Command::Get {
             window,
@@ -157,10 +180,7 @@ async fn run(cli: Cli) -> Result<String, String> {
             output,
             ..
         } => {
-            let window = window
-                .or_else(|| metric.spec.windows.first().map(|w| w.name.clone()))
-                .unwrap_or_default();
-            let mut query = vec![("window", window), ("scope", scope)];
+            let mut query = vec![("window", window_or_first(window)), ("scope", scope)];
             if let Some(k) = k {
                 query.push(("k", k.to_string()));
             }
@@ -170,14 +190,8 @@ async fn run(cli: Cli) -> Result<String, String> {
             if let Some(as_of) = as_of {
                 query.push(("asOf", as_of));
             }
-            let reducer = Reducer::of(&client, &ns, &name, &metric.spec.metric);
-            let text = reducer.get("", &query).await?;
-            if output == "json" {
-                return Ok(format!("{text}\n"));
-            }
-            let list: Value = serde_json::from_str(&text)
-                .map_err(|e| format!("the reducer answered something else than a list: {e}"))?;
-            Ok(render_list(&list))
+            let text = reducer.get("rankings", "", &query).await?;
+            shown(text, &output, "a list", render_list)
         }
         Command::History {
             window,
@@ -186,25 +200,28 @@ async fn run(cli: Cli) -> Result<String, String> {
             output,
             ..
         } => {
-            let window = window
-                .or_else(|| metric.spec.windows.first().map(|w| w.name.clone()))
-                .unwrap_or_default();
             let query = vec![
-                ("window", window),
+                ("window", window_or_first(window)),
                 ("scope", scope),
                 ("limit", limit.to_string()),
             ];
-            let reducer = Reducer::of(&client, &ns, &name, &metric.spec.metric);
-            let text = reducer.get("/history", &query).await?;
-            if output == "json" {
-                return Ok(format!("{text}\n"));
-            }
-            let history: Value = serde_json::from_str(&text)
-                .map_err(|e| format!("the reducer answered something else than a history: {e}"))?;
-            Ok(render_history(&history))
+            let text = reducer.get("rankings", "/history", &query).await?;
+            shown(text, &output, "a history", render_history)
+        }
+        Command::Count {
+            keys,
+            window,
+            scope,
+            output,
+            ..
+        } => {
+            let mut query = vec![("window", window_or_first(window)), ("scope", scope)];
+            query.extend(keys.into_iter().map(|k| ("key", k)));
+            let text = reducer.get("frequency", "", &query).await?;
+            shown(text, &output, "counts", render_counts)
         }
         Command::Status { .. } => {
-            let maps: Api<ConfigMap> = Api::namespaced(client, &ns);
+            let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
             let table = maps
                 .get_opt(&Names::of(&name).assignment)
                 .await
@@ -262,6 +279,21 @@ async fn run(cli: Cli) -> Result<String, String> {
     }
 }
 
+/// The reducer's answer as is (`-o json`) or rendered by `render`.
+fn shown(
+    text: String,
+    output: &str,
+    what: &str,
+    render: fn(&Value) -> String,
+) -> Result<String, String> {
+    if output == "json" {
+        return Ok(format!("{text}\n"));
+    }
+    let answer: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("the reducer answered something else than {what}: {e}"))?;
+    Ok(render(&answer))
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -286,11 +318,16 @@ impl<'a> Reducer<'a> {
         }
     }
 
-    /// `GET /v1/rankings/{metric}{suffix}?query`: the body of a 2xx answer, else why not.
-    async fn get(&self, suffix: &str, query: &[(&str, String)]) -> Result<String, String> {
+    /// `GET /v1/{route}/{metric}{suffix}?query`: the body of a 2xx answer, else why not.
+    async fn get(
+        &self,
+        route: &str,
+        suffix: &str,
+        query: &[(&str, String)],
+    ) -> Result<String, String> {
         let (ns, name) = (self.ns, self.name);
         let path = format!(
-            "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/rankings/{}{suffix}?{}",
+            "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/{route}/{}{suffix}?{}",
             Names::of(name).reducer,
             encode(self.metric),
             query
@@ -324,10 +361,7 @@ impl<'a> Reducer<'a> {
 
 /// A list's stored versions as a table, the served one marked.
 fn render_history(history: &Value) -> String {
-    let scope = match history["scope"].as_str() {
-        Some("") | None => "(global)",
-        Some(s) => s,
-    };
+    let scope = scope_label(history);
     let mut out = format!(
         "{}  window {}  scope {scope}  served version {}\n",
         str_of(history, "metric"),
@@ -403,16 +437,21 @@ fn encode(text: &str) -> String {
     out
 }
 
+/// An answer's scope as shown: the global scope is `(global)`.
+fn scope_label(answer: &Value) -> &str {
+    match answer["scope"].as_str() {
+        Some("") | None => "(global)",
+        Some(s) => s,
+    }
+}
+
 fn str_of<'a>(v: &'a Value, field: &str) -> &'a str {
     v[field].as_str().unwrap_or("-")
 }
 
 /// A list as a header and a RANK / COUNT / KEY table.
 fn render_list(list: &Value) -> String {
-    let scope = match list["scope"].as_str() {
-        Some("") | None => "(global)",
-        Some(s) => s,
-    };
+    let scope = scope_label(list);
     let mut out = format!(
         "{}  window {}  scope {scope}  version {}  as of {}\n",
         str_of(list, "metric"),
@@ -448,6 +487,49 @@ fn render_list(list: &Value) -> String {
     }
     if items.is_empty() {
         out.push_str("(no keys in this window yet)\n");
+    }
+    out
+}
+
+/// Point counts as a header and a COUNT / KEY table (with the bound in approximate mode).
+fn render_counts(counts: &Value) -> String {
+    let scope = scope_label(counts);
+    let mut out = format!(
+        "{}  window {}  scope {scope}  mode {}  watermark {}  as of {}\n",
+        str_of(counts, "metric"),
+        str_of(counts, "window"),
+        str_of(counts, "mode"),
+        str_of(counts, "watermark"),
+        str_of(counts, "asOf"),
+    );
+    let items = counts["items"].as_array().cloned().unwrap_or_default();
+    let approximate = counts["mode"] == "approximate";
+    let width = items
+        .iter()
+        .map(|i| i["count"].to_string().len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let bound = if approximate { "  MAX OVER" } else { "" };
+    let _ = writeln!(
+        out,
+        "{:>width$}{bound}  SHARD  WINDOW END{:15}KEY",
+        "COUNT", ""
+    );
+    for item in &items {
+        let bound = if approximate {
+            format!("  {:>8}", item["maxOvercount"].to_string())
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "{:>width$}{bound}  {:>5}  {:<25}{}",
+            item["count"].to_string(),
+            item["shard"].to_string(),
+            str_of(item, "windowEnd"),
+            str_of(item, "key")
+        );
     }
     out
 }
@@ -592,6 +674,24 @@ mod tests {
             "{text}"
         );
         assert!(lines[3].trim_start().starts_with("7*"), "{text}");
+    }
+
+    #[test]
+    fn counts_render_with_their_bound_in_approximate_mode() {
+        let counts = serde_json::json!({
+            "metric": "plays", "window": "1h", "scope": "", "mode": "approximate",
+            "watermark": "2026-12-04T10:00:00.000Z", "asOf": "2026-12-04T10:00:01.000Z",
+            "items": [{"key": "song-1", "shard": 3, "count": 1200, "maxOvercount": 40,
+                       "windowEnd": "2026-12-04T10:00:00.000Z"}],
+        });
+        let text = render_counts(&counts);
+        assert!(text.contains("mode approximate"), "{text}");
+        assert!(text.contains("MAX OVER"), "{text}");
+        let row = text.lines().last().unwrap();
+        assert!(
+            row.contains("1200") && row.contains("40") && row.ends_with("song-1"),
+            "{row}"
+        );
     }
 
     #[test]

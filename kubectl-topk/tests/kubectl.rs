@@ -2,7 +2,8 @@
 //! conditions, shard owners and epochs, lag, exactness and grading of a TopKMetric; `get`
 //! reads a list through the apiserver's service proxy from the reducers' query API behind the
 //! metric's reducer Service, and prints it as a table; `rollback` needs `patch` on the
-//! TopKMetric (checked by impersonation) and a reducer acts on it once.
+//! TopKMetric (checked by impersonation) and a reducer acts on it once; `count` reads point
+//! counts the same way.
 
 use std::process::Command;
 use std::time::Duration;
@@ -161,6 +162,7 @@ async fn status_and_get_through_the_service_proxy() {
     }))
     .expect("a ranking record");
     publish(&shared, [version(1, "old-leader"), record]);
+    answer_point_counts(&shared.served, &metric);
     let listener = tokio::net::TcpListener::bind(format!("{address}:0"))
         .await
         .expect("bind");
@@ -267,6 +269,58 @@ async fn status_and_get_through_the_service_proxy() {
         err.contains("version 9") && err.contains("not stored"),
         "{err}"
     );
+
+    // Point counts of keys on the list, off it and never seen, as a table and as JSON.
+    let (ok, out, err) = plugin(&env, &["count", "plays", "-n", &ns, "b", "z", "never"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("plays  window 1m  scope (global)  mode exact  watermark "),
+        "{out}"
+    );
+    let rows: Vec<(u64, &str)> = out
+        .lines()
+        .skip(2)
+        .map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            (fields[0].parse().expect("count"), fields[fields.len() - 1])
+        })
+        .collect();
+    assert_eq!(rows, [(5, "b"), (0, "never"), (1, "z")], "{out}");
+    let (ok, json, err) = plugin(&env, &["count", "plays", "-n", &ns, "-o", "json", "a"]);
+    assert!(ok, "{err}");
+    let counts: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(counts["items"][0]["count"], 3, "{counts}");
+    let (ok, _, err) = plugin(&env, &["count", "plays", "-n", &ns, "--window", "9h", "a"]);
+    assert!(!ok);
+    assert!(
+        err.contains("refused the request (400)") && err.contains("9h"),
+        "{err}"
+    );
+}
+
+/// Point counts for `served`'s routes from an engine that counted b x5, a x3 and z x1 in the
+/// metric's 1m window (a reducer asks its workers; the plugin's path is the same).
+fn answer_point_counts(served: &topk_query::Served, metric: &TopKMetric) {
+    let engine = metric.spec.engine_config().expect("engine config");
+    let windows = engine.windows.iter().map(|w| w.name.clone()).collect();
+    let mut pipeline = topk_engine::Pipeline::new(engine).expect("pipeline");
+    let mut published = Vec::new();
+    for (key, n) in [("b", 5), ("a", 3), ("z", 1)] {
+        for _ in 0..n {
+            let line = format!(
+                r#"{{"event_time":"2026-09-01T19:00:10Z","metric":"plays","key":"{key}"}}"#
+            );
+            pipeline.ingest_line(&line, now_ms(), &mut published);
+        }
+    }
+    pipeline.finish(now_ms(), &mut published);
+    let (counts, mut requests) = topk_query::point_channel(windows, std::sync::Arc::new(|| {}));
+    served.set_point_counts(std::sync::Arc::new(counts));
+    std::thread::spawn(move || {
+        while let Some(request) = requests.blocking_recv() {
+            topk_query::answer_with_pipeline(&pipeline, request, now_ms());
+        }
+    });
 }
 
 /// A reducer's ranking store for `metric` in a temp dir (kept while the guard lives), with

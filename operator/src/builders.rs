@@ -90,7 +90,7 @@ pub const HOUR_START_ANNOTATION: &str = "topk.io/hour-start";
 /// its creation, e.g. for input that predates the metric. Hours beyond `recount.backfill`
 /// stay out.
 pub const RECOUNT_FROM_ANNOTATION: &str = "topk.io/recount-from";
-const API_PORT: i32 = 8080;
+const API_PORT: i32 = topk_api::names::HTTP_PORT as i32;
 /// The data plane's user and group: non-root, as in the published Dockerfile.
 const DATA_PLANE_UID: i64 = 65532;
 /// Where the rendered config is mounted, and where RocksDB and spill files live.

@@ -220,6 +220,26 @@ async fn the_chart_lints_renders_installs_and_grants_what_the_operator_needs() {
         from.contains("producer") && from.contains("monitoring"),
         "{from}"
     );
+    // The reducers ask the workers for point counts: allowed out of one, into the other.
+    let policy_of = |component: &str| {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == "NetworkPolicy"
+                    && d["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                        == component
+            })
+            .unwrap_or_else(|| panic!("the {component}s' NetworkPolicy"))
+    };
+    let worker_from = policy_of("worker")["spec"]["ingress"][0]["from"].to_string();
+    assert!(
+        worker_from.contains("reducer") && worker_from.contains("monitoring"),
+        "{worker_from}"
+    );
+    let reducer_to = policy_of("reducer")["spec"]["egress"].to_string();
+    assert!(
+        reducer_to.contains(r#""app.kubernetes.io/component":"worker""#),
+        "{reducer_to}"
+    );
     // The default internal cluster reaches the operator as an argument its parser takes.
     let operator = docs
         .iter()

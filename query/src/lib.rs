@@ -2,10 +2,18 @@
 //! served from memory. The reducer pods and `topk run` serve their lists through these routes;
 //! neither depends on the other for it. A server with a [`History`] (the reducer's ranking
 //! store) also answers for earlier versions: `?version=N`, `?asOf=T`, and the list of stored
-//! versions at `/v1/rankings/{metric}/history`.
+//! versions at `/v1/rankings/{metric}/history`. A server with [`PointCounts`] answers any key's
+//! count at `/v1/frequency/{metric}`.
+
+pub mod frequency;
+
+pub use frequency::{
+    ChannelPointCounts, Frequency, PointCounts, PointRequest, Unanswered, answer_with_pipeline,
+    frequency_router, point_channel,
+};
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -82,6 +90,7 @@ pub struct Served {
     lists: RwLock<BTreeMap<(usize, String), Arc<Entry>>>,
     stale: RwLock<Vec<bool>>,
     history: Option<Arc<dyn History>>,
+    frequency: OnceLock<Arc<Frequency>>,
     /// Responses by status code; registered by whoever exports metrics.
     pub requests: Family<CodeLabel, Counter>,
 }
@@ -95,6 +104,7 @@ impl Served {
             k,
             lists: RwLock::default(),
             history: None,
+            frequency: OnceLock::new(),
             requests: Family::default(),
         }
     }
@@ -103,6 +113,17 @@ impl Served {
     pub fn with_history(mut self, history: Arc<dyn History>) -> Self {
         self.history = Some(history);
         self
+    }
+
+    /// Answers point counts (`/v1/frequency/{metric}`) with `counts` from now on; only the first
+    /// call counts.
+    pub fn set_point_counts(&self, counts: Arc<dyn PointCounts>) {
+        let _ = self.frequency.set(Arc::new(Frequency {
+            metric: self.metric.clone(),
+            windows: self.windows.clone(),
+            counts,
+            requests: self.requests.clone(),
+        }));
     }
 
     pub fn metric(&self) -> &str {
@@ -211,13 +232,30 @@ impl Served {
 }
 
 /// `GET /v1/rankings`, `GET /v1/rankings/{metric}?window=&scope=&k=` (with `&version=N` or
-/// `&asOf=T` for an earlier version) and `GET /v1/rankings/{metric}/history?window=&scope=`.
+/// `&asOf=T` for an earlier version), `GET /v1/rankings/{metric}/history?window=&scope=` and
+/// `GET /v1/frequency/{metric}?window=&scope=&key=`.
 pub fn query_router(served: Arc<Served>) -> Router {
     Router::new()
         .route("/v1/rankings", get(index))
         .route("/v1/rankings/{metric}", get(ranking))
         .route("/v1/rankings/{metric}/history", get(history))
+        .route("/v1/frequency/{metric}", get(point_counts))
         .with_state(served)
+}
+
+async fn point_counts(
+    State(served): State<Arc<Served>>,
+    Path(metric): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Response {
+    let answered = match served.frequency.get() {
+        Some(frequency) => frequency::answer(frequency, &metric, params).await,
+        None => Err(Unanswered(
+            StatusCode::NOT_FOUND,
+            "this server answers no point counts".to_owned(),
+        )),
+    };
+    frequency::respond(&served.requests, answered)
 }
 
 fn error(served: &Served, status: StatusCode, message: String) -> Response {

@@ -11,7 +11,6 @@
 //!    a fixed schedule (a request due while the previous one is out waits for it); latency is
 //!    from sending a request to reading its whole answer, p50 and p99.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -24,6 +23,8 @@ use topk_query::{Served, query_router};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+mod paced;
 
 const PATH: &str = "/v1/rankings/api_requests";
 const QUERY: &str = "?window=1h&k=100";
@@ -156,67 +157,6 @@ fn wrk(url: &str, seconds: u64) -> Load {
     }
 }
 
-/// One keep-alive HTTP/1.1 request; returns once the whole body is read.
-fn exchange(stream: &mut BufReader<TcpStream>, request: &[u8]) {
-    stream.get_mut().write_all(request).expect("send");
-    let mut length = 0;
-    let mut line = String::new();
-    loop {
-        line.clear();
-        stream.read_line(&mut line).expect("header");
-        let trimmed = line.trim_end();
-        if trimmed.is_empty() {
-            break;
-        }
-        if let Some(value) = trimmed.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = value.trim().parse().expect("length");
-        }
-    }
-    let mut body = vec![0; length];
-    stream.read_exact(&mut body).expect("body");
-}
-
-/// p50 and p99 latency (ms) of `rate` requests/s for `seconds`, over 4 connections on a fixed
-/// schedule, and the rate achieved (lower when the client could not keep the schedule).
-fn paced(port: u16, rate: f64, seconds: f64) -> (f64, f64, f64) {
-    const CONNECTIONS: usize = 4;
-    let request =
-        format!("GET {PATH}{QUERY} HTTP/1.1\r\nHost: bench\r\nConnection: keep-alive\r\n\r\n");
-    let interval = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
-    let count = (seconds * rate / CONNECTIONS as f64) as usize;
-    let start = Instant::now() + Duration::from_millis(100);
-    let threads: Vec<_> = (0..CONNECTIONS)
-        .map(|c| {
-            let request = request.clone();
-            std::thread::spawn(move || {
-                let mut stream =
-                    BufReader::new(TcpStream::connect(("127.0.0.1", port)).expect("connect"));
-                stream.get_ref().set_nodelay(true).expect("nodelay");
-                let offset = interval.mul_f64(c as f64 / CONNECTIONS as f64);
-                let mut latencies = Vec::with_capacity(count);
-                for i in 0..count {
-                    let due = start + offset + interval * i as u32;
-                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                        std::thread::sleep(wait);
-                    }
-                    let sent = Instant::now();
-                    exchange(&mut stream, request.as_bytes());
-                    latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut all: Vec<f64> = threads
-        .into_iter()
-        .flat_map(|t| t.join().expect("client"))
-        .collect();
-    let achieved = all.len() as f64 / start.elapsed().as_secs_f64();
-    all.sort_by(f64::total_cmp);
-    let at = |q: f64| all[((all.len() as f64 * q) as usize).min(all.len() - 1)];
-    (at(0.5), at(0.99), achieved)
-}
-
 fn main() {
     for tool in ["nginx", "wrk"] {
         if Command::new("which")
@@ -266,8 +206,9 @@ fn main() {
     // Both at the same paced rate: the client shares the machine's cores with the server, so
     // nginx's numbers say what the machine allows.
     let half = api_load.per_sec / 2.0;
-    let static_paced = paced(nginx_port, half, seconds as f64);
-    let api_paced = paced(port, half, seconds as f64);
+    let target = format!("{PATH}{QUERY}");
+    let static_paced = paced::paced(nginx_port, &target, half, seconds as f64);
+    let api_paced = paced::paced(port, &target, half, seconds as f64);
     println!();
     println!("| server | requests/s | ratio | p50 at full load | p99 at full load |");
     println!("|---|---:|---:|---:|---:|");

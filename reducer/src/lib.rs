@@ -7,6 +7,7 @@ pub mod error;
 pub mod exact;
 pub mod hours;
 pub mod metrics;
+pub mod points;
 pub mod reducer;
 pub mod rollback;
 pub mod state;
@@ -31,7 +32,7 @@ use topk_query::query_router;
 use topk_runtime::ControlPlane;
 
 pub use error::Error;
-pub use reducer::{Reducer, ReducerSettings, Shared};
+pub use reducer::{PointCountSettings, Reducer, ReducerSettings, Shared};
 pub use state::{ReducerConfig, ReducerState};
 
 /// What a reducer of this metric merges, where, and how long it keeps versions.
@@ -55,6 +56,10 @@ pub fn settings(config: &DataPlaneConfig, kafka: KafkaProperties) -> ReducerSett
         stale_after: std_duration(tuning.stale_after),
         keep_versions: tuning.keep_versions.max(1),
         keep_for: std_duration(tuning.keep_for),
+        point_counts: Some(PointCountSettings {
+            engine: engine.clone(),
+            workers: points::WorkerUrls::pods(&config.name),
+        }),
     }
 }
 
@@ -144,6 +149,15 @@ pub async fn run(
     let shared = reducer::open_shared(&settings)?;
     let (table_tx, table_rx) = watch::channel(None);
     let (deny_tx, deny_rx) = watch::channel(None);
+    if let Some(points) = settings.point_counts.clone() {
+        shared
+            .served
+            .set_point_counts(Arc::new(points::WorkerPointCounts::new(
+                points.engine,
+                table_rx.clone(),
+                points.workers,
+            )));
+    }
     let names = topk_api::names::Names::of(&settings.name);
     match control {
         ControlPlane::Files { assignment, .. } => {

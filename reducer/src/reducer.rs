@@ -12,6 +12,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use topk_api::assignment::AssignmentTable;
+
+use crate::points::WorkerUrls;
 use topk_api::record::{ExactHourManifest, SummaryRecord, exact_until};
 use topk_api::topics::TopicNames;
 use topk_api::{DenyList, RankingRecord};
@@ -53,6 +55,15 @@ pub struct ReducerSettings {
     pub stale_after: Duration,
     pub keep_versions: usize,
     pub keep_for: Duration,
+    /// How point counts are asked of the workers; `None` refuses them.
+    pub point_counts: Option<PointCountSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PointCountSettings {
+    /// The engine the workers run: which shard owns a key, and the mode.
+    pub engine: topk_engine::EngineConfig,
+    pub workers: WorkerUrls,
 }
 
 impl ReducerSettings {

@@ -224,6 +224,7 @@ fn reducer_merges_fences_serves_and_recovers() {
         stale_after: Duration::from_millis(800),
         keep_versions: 10,
         keep_for: Duration::from_secs(3600),
+        point_counts: None,
     };
     let producer: ThreadedProducer<DefaultProducerContext> =
         env.kafka_config().create().expect("producer");

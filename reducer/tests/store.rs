@@ -199,6 +199,7 @@ fn an_undecodable_exact_hour_sets_the_store_aside_at_start() {
         stale_after: std::time::Duration::from_secs(60),
         keep_versions: 10,
         keep_for: std::time::Duration::from_secs(3600),
+        point_counts: None,
     };
     let path = dir.path().join("rankings");
     {

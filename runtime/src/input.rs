@@ -19,6 +19,7 @@ use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
@@ -42,6 +43,9 @@ impl Queue {
     }
 }
 
+// SAFETY: librdkafka's queues are thread-safe; the handle is only a pointer to one.
+unsafe impl Send for Queue {}
+
 impl Drop for Queue {
     fn drop(&mut self) {
         // SAFETY: the handle came from librdkafka and is destroyed once, here.
@@ -50,11 +54,27 @@ impl Drop for Queue {
 }
 
 /// A consumer that reads its queue in batches. Fields drop in order: both queue handles go
-/// before the client they belong to.
+/// before the client they belong to (and [`ReadWaker`]s lose theirs first, in `drop`).
 pub struct InputConsumer {
     messages: Queue,
     logs: Queue,
+    waker: ReadWaker,
     consumer: BaseConsumer,
+}
+
+/// Ends an [`InputConsumer::read`] that waits for messages, from another thread: the reading
+/// thread then gets to other work (a query) at once instead of after its wait. Holds its own
+/// handle on the consumer queue, which the consumer takes away before it closes.
+#[derive(Clone)]
+pub struct ReadWaker(Arc<Mutex<Option<Queue>>>);
+
+impl ReadWaker {
+    pub fn wake(&self) {
+        if let Some(queue) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            // SAFETY: the handle is live while it is in the mutex (see `InputConsumer::drop`).
+            unsafe { rd::rd_kafka_queue_yield(queue.0.as_ptr()) }
+        }
+    }
 }
 
 // SAFETY: librdkafka's clients and queues are thread-safe; the handles are only pointers to
@@ -72,6 +92,10 @@ impl InputConsumer {
             "consumer",
         )?;
         let logs = Queue::new(unsafe { rd::rd_kafka_queue_new(client) }, "log")?;
+        let waker = Queue::new(
+            unsafe { rd::rd_kafka_queue_get_consumer(client) },
+            "consumer",
+        )?;
         // SAFETY: both handles are live; librdkafka keeps its own reference to the log queue.
         let err = unsafe { rd::rd_kafka_set_log_queue(client, logs.0.as_ptr()) };
         if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
@@ -80,8 +104,14 @@ impl InputConsumer {
         Ok(Self {
             messages,
             logs,
+            waker: ReadWaker(Arc::new(Mutex::new(Some(waker)))),
             consumer,
         })
+    }
+
+    /// A handle that wakes this consumer's waiting [`Self::read`] from another thread.
+    pub fn waker(&self) -> ReadWaker {
+        self.waker.clone()
     }
 
     /// The consumer, for assignments, seeks and watermarks.
@@ -181,6 +211,14 @@ impl InputConsumer {
 
 impl Drop for InputConsumer {
     fn drop(&mut self) {
+        // No waker may touch the queue once the client goes.
+        drop(
+            self.waker
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         // The last lines, then logs back to the crate's route for the consumer's closing.
         self.drain_logs();
         // SAFETY: the client is live (the consumer drops after this); null restores the

@@ -15,7 +15,10 @@ use tokio::sync::{mpsc, watch};
 use topk_api::DataPlaneConfig;
 use topk_api::KafkaClients;
 use topk_api::dataplane::std_duration;
+use topk_engine::EngineConfig;
+use topk_query::{ChannelPointCounts, Frequency, frequency_router};
 use topk_runtime::probes::{self, Probes};
+
 use topk_runtime::{ControlPlane, control, shutdown_signal};
 
 pub use error::Error;
@@ -61,14 +64,29 @@ pub fn settings(
     })
 }
 
-/// `/metrics`, `/healthz`, and `/readyz` (200 once the worker's shards are restored).
-pub fn router(health: Arc<Health>) -> axum::Router {
+/// `/metrics`, `/healthz`, `/readyz` (200 once the worker's shards are restored) and
+/// `/v1/frequency/{metric}` (point counts of the owned shards' keys).
+pub fn router(
+    health: Arc<Health>,
+    engine: &EngineConfig,
+    points: Option<ChannelPointCounts>,
+) -> axum::Router {
     let metrics = health.clone();
-    probes::router(Probes {
+    let requests = health.metrics.point_queries.clone();
+    let probes = probes::router(Probes {
         metrics: Arc::new(move || metrics.metrics.encode()),
         ready: Arc::new(move || health.ready.load(Ordering::SeqCst)),
         waiting: "restoring shards",
-    })
+    });
+    match points {
+        Some(points) => probes.merge(frequency_router(Arc::new(Frequency {
+            metric: engine.metric.clone(),
+            windows: engine.windows.iter().map(|w| w.name.clone()).collect(),
+            counts: Arc::new(points),
+            requests,
+        }))),
+        None => probes,
+    }
 }
 
 /// Runs a worker until SIGTERM/SIGINT, then checkpoints and returns.
@@ -104,14 +122,15 @@ pub async fn run(
             ));
         }
     }
-    let app = router(health.clone());
+    let engine = settings.engine.clone();
+    let mut worker = Worker::new(settings, table_rx, report_tx, health.clone())?;
+    let app = router(health, &engine, worker.take_point_counts());
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(%err, "HTTP server stopped");
         }
     });
     let stop = Arc::new(AtomicBool::new(false));
-    let mut worker = Worker::new(settings, table_rx, report_tx, health)?;
     let stopper = stop.clone();
     let counting = tokio::task::spawn_blocking(move || worker.run(&stopper));
     tokio::pin!(counting);

@@ -8,6 +8,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use topk_engine::RejectReason;
 use topk_engine::dedupe::IdCheck;
+use topk_query::CodeLabel;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -89,6 +90,8 @@ pub struct WorkerMetrics {
     /// Taken from their family once, in [`IdCheck::REPORTED`]'s order: one per event.
     dedupe_outcomes: Vec<Counter>,
     pub dedupe_ids: Gauge,
+    /// Point-count requests (`/v1/frequency`) by response status.
+    pub point_queries: Family<CodeLabel, Counter>,
 }
 
 impl Default for WorkerMetrics {
@@ -117,6 +120,7 @@ impl Default for WorkerMetrics {
             kafka_errors: Counter::default(),
             dedupe_outcomes: Vec::new(),
             dedupe_ids: Gauge::default(),
+            point_queries: Family::default(),
             registry: Registry::default(),
         };
         let dedupe = Family::<OutcomeLabel, Counter>::default();
@@ -134,6 +138,11 @@ impl Default for WorkerMetrics {
             "dedupe",
             "Counted input events by what dedupe (spec.dedupe) made of their event_id: first (counted, remembered), duplicate (not counted), no_id (counted), not_remembered (counted; the shard held maxIdsPerShard ids)",
             dedupe,
+        );
+        registry.register(
+            "point_queries",
+            "Point-count requests (GET /v1/frequency) answered from the owned shards, by HTTP status",
+            m.point_queries.clone(),
         );
         registry.register(
             "dedupe_ids",

@@ -31,6 +31,8 @@ use crate::handoff::{self, Published};
 use crate::metrics::{
     KindLabel, RestoreSource, ShardLabel, SourceLabel, StateLabel, WorkerMetrics,
 };
+use topk_api::frequency::answer_from;
+use topk_query::{ChannelPointCounts, PointRequest, point_channel};
 use topk_runtime::control::Report;
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::now_ms;
@@ -110,6 +112,10 @@ pub struct Worker {
     last_snapshot: Instant,
     last_lag_check: Instant,
     summaries: Vec<ShardSummary>,
+    /// Point-count requests from the HTTP side, answered between batches.
+    points: mpsc::Receiver<PointRequest>,
+    /// The asking side of `points`, until the HTTP routes take it.
+    point_counts: Option<ChannelPointCounts>,
 }
 
 /// What one [`Sink::consume_batch`] did.
@@ -446,6 +452,15 @@ impl Worker {
                 .get_or_create(&StateLabel { state: "store" })
                 .inc();
         }
+        let input = InputConsumer::new(consumer)?;
+        let waker = input.waker();
+        let windows = settings
+            .engine
+            .windows
+            .iter()
+            .map(|w| w.name.clone())
+            .collect();
+        let (point_counts, points) = point_channel(windows, Arc::new(move || waker.wake()));
         Ok(Self {
             sink: Sink {
                 settings,
@@ -453,7 +468,7 @@ impl Worker {
                 health,
             },
             snapshot_reader,
-            input: InputConsumer::new(consumer)?,
+            input,
             delivery,
             store,
             owned: BTreeMap::new(),
@@ -464,7 +479,40 @@ impl Worker {
             last_snapshot: Instant::now(),
             last_lag_check: Instant::now(),
             summaries: Vec::new(),
+            points,
+            point_counts: Some(point_counts),
         })
+    }
+
+    /// What answers point counts from this worker's shards (`GET /v1/frequency`): requests
+    /// go to the counting thread, which owns the state, and wake its wait for input. `None`
+    /// once taken.
+    pub fn take_point_counts(&mut self) -> Option<ChannelPointCounts> {
+        self.point_counts.take()
+    }
+
+    /// Answers the point-count requests waiting: one lookup per key in the owned shards, as of
+    /// each window's last closed boundary.
+    fn answer_points(&mut self) {
+        while let Ok(request) = self.points.try_recv() {
+            let (owned, window, scope) = (&self.owned, request.window, &request.scope);
+            let answer = answer_from(
+                &self.sink.settings.engine,
+                window,
+                scope,
+                &request.keys,
+                now_ms(),
+                |shard, key| {
+                    let stream = &owned.get(&shard)?.stream;
+                    Some((
+                        stream.point_count(window, scope, key),
+                        stream.watermark_ms(),
+                    ))
+                },
+            );
+            // The asker may have given up (timed out): nothing to do then.
+            let _ = request.reply.send(answer);
+        }
     }
 
     /// Runs until `stop` is set, then checkpoints every shard and returns.
@@ -481,6 +529,7 @@ impl Worker {
         // Wall clock for the future-skew check, read once per batch (about a millisecond).
         let mut clock_ms = now_ms();
         while !stop.load(Ordering::SeqCst) {
+            self.answer_points();
             let idle = if self.owned.is_empty() {
                 // Nothing to consume: wait for a table instead of spinning.
                 std::thread::park_timeout(Duration::from_millis(50));

@@ -138,6 +138,34 @@ impl Drop for Process {
     }
 }
 
+/// A `topk reducer` on `config`, its state under `dir`, asking `worker_urls` for point counts.
+fn spawn_reducer(
+    dir: &Path,
+    config: &str,
+    assignment: &str,
+    kafka_secrets: Option<&str>,
+    worker_urls: &[String],
+) -> Server {
+    let state = dir.join("reducer");
+    let mut args = vec![
+        "reducer",
+        "--config",
+        config,
+        "--assignment-file",
+        assignment,
+        "--state-dir",
+        state.to_str().expect("utf-8 path"),
+    ];
+    if let Some(secrets) = kafka_secrets {
+        args.extend(["--kafka-secrets", secrets]);
+    }
+    let urls = worker_urls.join(",");
+    if !urls.is_empty() {
+        args.extend(["--worker-urls", &urls]);
+    }
+    spawn(&args)
+}
+
 /// A reducer and the means to start the two workers, one shard each (epoch 1), on the
 /// rendered `config`; each process has its state dir under `dir`.
 pub struct Stack {
@@ -146,6 +174,8 @@ pub struct Stack {
     assignment: String,
     /// `--kafka-secrets` of every process, when the config references Secrets.
     kafka_secrets: Option<String>,
+    /// The reducer's `--worker-urls` (none: it answers no point counts).
+    worker_urls: Vec<String>,
     pub reducer: Server,
 }
 
@@ -166,36 +196,21 @@ impl Stack {
         let config = config.to_str().expect("utf-8 path").to_owned();
         let assignment = assignment.to_str().expect("utf-8 path").to_owned();
         let kafka_secrets = kafka_secrets.map(|p| p.to_str().expect("utf-8 path").to_owned());
-        let reducer = Self::spawn_reducer(dir, &config, &assignment, kafka_secrets.as_deref());
+        let reducer = spawn_reducer(dir, &config, &assignment, kafka_secrets.as_deref(), &[]);
         Self {
             dir: dir.to_owned(),
             config,
             assignment,
             kafka_secrets,
+            worker_urls: Vec::new(),
             reducer,
         }
     }
 
-    fn spawn_reducer(
-        dir: &Path,
-        config: &str,
-        assignment: &str,
-        kafka_secrets: Option<&str>,
-    ) -> Server {
-        let state = dir.join("reducer");
-        let mut args = vec![
-            "reducer",
-            "--config",
-            config,
-            "--assignment-file",
-            assignment,
-            "--state-dir",
-            state.to_str().expect("utf-8 path"),
-        ];
-        if let Some(secrets) = kafka_secrets {
-            args.extend(["--kafka-secrets", secrets]);
-        }
-        spawn(&args)
+    /// Restarts the reducer asking `workers` (by ordinal) for point counts.
+    pub fn ask_workers(&mut self, workers: &[&Server]) {
+        self.worker_urls = workers.iter().map(|w| w.base.clone()).collect();
+        self.restart_reducer();
     }
 
     /// The `--kafka-secrets` arguments every process of the stack takes.
@@ -210,11 +225,12 @@ impl Stack {
     pub fn restart_reducer(&mut self) {
         let _ = self.reducer.child.kill();
         let _ = self.reducer.child.wait();
-        self.reducer = Self::spawn_reducer(
+        self.reducer = spawn_reducer(
             &self.dir,
             &self.config,
             &self.assignment,
             self.kafka_secrets.as_deref(),
+            &self.worker_urls,
         );
     }
 
