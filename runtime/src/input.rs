@@ -19,6 +19,7 @@ use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,20 +67,29 @@ pub struct InputConsumer {
 /// thread then gets to other work (a query) at once instead of after its wait. Holds its own
 /// handle on the consumer queue, which the consumer takes away before it closes.
 #[derive(Clone)]
-pub struct ReadWaker(Arc<Mutex<Option<Queue>>>);
+pub struct ReadWaker(Arc<Wake>);
+
+struct Wake {
+    queue: Mutex<Option<Queue>>,
+    /// Set before the queue is woken: librdkafka's wake-up flag is also taken by a read that
+    /// does not wait (the first look of [`InputConsumer::read`]), which would lose it.
+    pending: AtomicBool,
+}
 
 impl ReadWaker {
     pub fn wake(&self) {
-        if let Some(queue) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        self.0.pending.store(true, Ordering::SeqCst);
+        if let Some(queue) = self.0.queue.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             // SAFETY: the handle is live while it is in the mutex (see `InputConsumer::drop`).
             unsafe { rd::rd_kafka_queue_yield(queue.0.as_ptr()) }
         }
     }
-}
 
-// SAFETY: librdkafka's clients and queues are thread-safe; the handles are only pointers to
-// them, owned by this value.
-unsafe impl Send for InputConsumer {}
+    /// Whether a wake came since the last call.
+    fn take(&self) -> bool {
+        self.0.pending.swap(false, Ordering::SeqCst)
+    }
+}
 
 impl InputConsumer {
     /// Takes over a consumer created with a `group.id` (which gives it a consumer queue).
@@ -104,7 +114,10 @@ impl InputConsumer {
         Ok(Self {
             messages,
             logs,
-            waker: ReadWaker(Arc::new(Mutex::new(Some(waker)))),
+            waker: ReadWaker(Arc::new(Wake {
+                queue: Mutex::new(Some(waker)),
+                pending: AtomicBool::new(false),
+            })),
             consumer,
         })
     }
@@ -120,8 +133,8 @@ impl InputConsumer {
     }
 
     /// Appends up to `max` (at most [`MAX_BATCH`]) messages to `out`: waits up to `wait` for
-    /// the first one, then takes whatever else is already fetched. Returns how many it
-    /// appended.
+    /// the first one (less when a [`ReadWaker`] wakes it), then takes whatever else is already
+    /// fetched. Returns how many it appended.
     pub fn read<'c>(
         &'c self,
         wait: Duration,
@@ -130,7 +143,7 @@ impl InputConsumer {
     ) -> usize {
         let max = max.min(MAX_BATCH);
         let ready = self.take(0, max, out);
-        if ready > 0 || wait.is_zero() {
+        if ready > 0 || wait.is_zero() || self.waker.take() {
             return ready;
         }
         // The batch call waits until it has `max` messages; ask for one, then the rest.
@@ -215,6 +228,7 @@ impl Drop for InputConsumer {
         drop(
             self.waker
                 .0
+                .queue
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),

@@ -529,7 +529,6 @@ impl Worker {
         // Wall clock for the future-skew check, read once per batch (about a millisecond).
         let mut clock_ms = now_ms();
         while !stop.load(Ordering::SeqCst) {
-            self.answer_points();
             let idle = if self.owned.is_empty() {
                 // Nothing to consume: wait for a table instead of spinning.
                 std::thread::park_timeout(Duration::from_millis(50));
@@ -548,6 +547,8 @@ impl Worker {
                 }
                 batch.polled == 0
             };
+            // Before housekeeping, whose broker round trips would hold the answers up.
+            self.answer_points();
             if !idle && since_housekeeping < HOUSEKEEPING_EVERY {
                 continue;
             }
