@@ -79,7 +79,13 @@ struct Wake {
 impl ReadWaker {
     pub fn wake(&self) {
         self.0.pending.store(true, Ordering::SeqCst);
-        if let Some(queue) = self.0.queue.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(queue) = self
+            .0
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             // SAFETY: the handle is live while it is in the mutex (see `InputConsumer::drop`).
             unsafe { rd::rd_kafka_queue_yield(queue.0.as_ptr()) }
         }
