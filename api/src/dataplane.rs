@@ -444,16 +444,26 @@ impl DataPlaneConfig {
         } else {
             &self.kafka
         };
-        // Only workers dedupe: a change to it restarts nothing else.
-        let without_dedupe;
-        let engine = if component == Component::Worker {
-            &self.engine
-        } else {
-            without_dedupe = EngineConfig {
-                dedupe: None,
-                ..self.engine.clone()
-            };
-            &without_dedupe
+        // Only workers dedupe, and only workers and reducers make trending lists: a change to
+        // either restarts nothing else.
+        let trimmed;
+        let engine = match component {
+            Component::Worker => &self.engine,
+            Component::Reducer => {
+                trimmed = EngineConfig {
+                    dedupe: None,
+                    ..self.engine.clone()
+                };
+                &trimmed
+            }
+            _ => {
+                trimmed = EngineConfig {
+                    dedupe: None,
+                    trending: None,
+                    ..self.engine.clone()
+                };
+                &trimmed
+            }
         };
         hash_of(&Rollout {
             name: &self.name,
@@ -723,6 +733,30 @@ mod tests {
                 "/dedupe/maxIdsPerShard",
                 json!(500),
                 Restarts(&[Component::Worker]),
+            ),
+            (
+                "trending.window",
+                "/trending/window",
+                json!("1h"),
+                Restarts(&[Component::Worker, Component::Reducer]),
+            ),
+            (
+                "trending.baseline",
+                "/trending/baseline",
+                json!("1d"),
+                Restarts(&[Component::Worker, Component::Reducer]),
+            ),
+            (
+                "trending.minCount",
+                "/trending/minCount",
+                json!(10),
+                Restarts(&[Component::Worker, Component::Reducer]),
+            ),
+            (
+                "trending.smoothing",
+                "/trending/smoothing",
+                json!(2.5),
+                Restarts(&[Component::Worker, Component::Reducer]),
             ),
             (
                 "windows[].name",
@@ -1119,7 +1153,11 @@ mod tests {
             "windows": [
                 {"name": "1h", "length": "1h", "bucket": "1m"},
                 {"name": "all", "allTime": true, "bucket": "1h"},
+                {"name": "5m", "length": "5m", "bucket": "1m"},
+                {"name": "2h", "length": "2h", "bucket": "1m"},
+                {"name": "1d", "length": "24h", "bucket": "1h"},
             ],
+            "trending": {"window": "5m", "baseline": "2h", "minCount": 5, "smoothing": 1.0},
             "workers": {"replicas": 2, "checkpointInterval": "5s", "snapshotInterval": "60s", "idleTimeout": "30s", "handoffWait": "30s", "maxSummaryRecordBytes": 65536,
                         "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "2Gi"}, "claims": [{"name": "gpu", "request": "a"}]},
                         "storage": {"size": "1Gi", "storageClassName": "fast"}},

@@ -9,6 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use topk_engine::dedupe::DedupeConfig;
+use topk_engine::trend::TrendingConfig;
 use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
 
 use crate::duration::Duration;
@@ -155,6 +156,10 @@ pub struct TopKMetricSpec {
     /// remembers it (off when absent). Events without an id are counted as they come.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedupe: Option<DedupeSpec>,
+    /// A list named `trending` of the keys rising fastest: ranked by their rate in a short
+    /// window against their rate in a longer baseline window (none when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trending: Option<TrendingSpec>,
     /// Counter (worker) pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<WorkersSpec>,
@@ -579,6 +584,33 @@ pub struct DedupeSpec {
     #[schemars(range(min = 1, max = MAX_DEDUPE_IDS_PER_SHARD))]
     pub max_ids_per_shard: Option<u32>,
 }
+
+/// The trending list: each key with at least `minCount` events in `window` scores
+/// `(s + smoothing) / (b * length(window) / length(baseline) + smoothing)`, where `s` is its
+/// count in `window` and `b` its count in `baseline`; the list holds the `k` best scores. A
+/// key arriving at a steady rate scores about 1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrendingSpec {
+    /// The short window: the name of a sliding window in `windows`.
+    #[schemars(length(min = 1, max = MAX_WINDOW_NAME))]
+    pub window: String,
+    /// The baseline: the name of a longer sliding window in `windows`.
+    #[schemars(length(min = 1, max = MAX_WINDOW_NAME))]
+    pub baseline: String,
+    /// Keys with fewer events in `window` are not ranked (default 5), so that noise does not
+    /// trend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub min_count: Option<u64>,
+    /// Added to both sides of the ratio (default 1): the larger, the more events a key needs
+    /// before its ratio counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smoothing: Option<f64>,
+}
+
+pub const DEFAULT_TRENDING_MIN_COUNT: u64 = 5;
+pub const DEFAULT_TRENDING_SMOOTHING: f64 = 1.0;
 
 pub const DEFAULT_DEDUPE_IDS_PER_SHARD: u32 = 1_000_000;
 pub const MAX_DEDUPE_IDS_PER_SHARD: u32 = 100_000_000;
@@ -1189,6 +1221,12 @@ impl TopKMetricSpec {
                 .map_or(topk_engine::config::DEFAULT_MAX_SCOPES, |n| n as usize),
             windows,
             dedupe,
+            trending: self.trending.as_ref().map(|t| TrendingConfig {
+                window: t.window.clone(),
+                baseline: t.baseline.clone(),
+                min_count: t.min_count.unwrap_or(DEFAULT_TRENDING_MIN_COUNT),
+                smoothing: t.smoothing.unwrap_or(DEFAULT_TRENDING_SMOOTHING),
+            }),
         };
         config
             .validate()
@@ -1365,6 +1403,68 @@ spec:
         let metric = load_manifest(&any).unwrap();
         assert!(metric.spec.combines());
         assert!(metric.spec.engine_config().is_ok());
+    }
+
+    #[test]
+    fn trending_has_defaults_and_names_two_sliding_windows() {
+        let on = format!("{ISSUE_EXAMPLE}  trending: {{window: 1m, baseline: 1h}}\n");
+        let cfg = load_manifest(&on).unwrap().spec.engine_config().unwrap();
+        assert_eq!(
+            cfg.trending,
+            Some(TrendingConfig {
+                window: "1m".into(),
+                baseline: "1h".into(),
+                min_count: DEFAULT_TRENDING_MIN_COUNT,
+                smoothing: DEFAULT_TRENDING_SMOOTHING,
+            })
+        );
+        let trend = cfg.trend().unwrap();
+        assert_eq!((trend.window, trend.baseline), (0, 1));
+        assert!((trend.score.length_ratio - 1.0 / 60.0).abs() < 1e-12);
+        for (spec, want) in [
+            (
+                "{window: 1m, baseline: 2h}",
+                "trending.baseline names no window: \"2h\"",
+            ),
+            (
+                "{window: 1m, baseline: all}",
+                "trending.baseline: \"all\" is all-time",
+            ),
+            (
+                "{window: 1h, baseline: 1m}",
+                "must be longer than trending.window",
+            ),
+            (
+                "{window: 1m, baseline: 1h, minCount: 0}",
+                "trending.minCount must be at least 1",
+            ),
+            (
+                "{window: 1m, baseline: 1h, smoothing: 0}",
+                "trending.smoothing must be a positive number",
+            ),
+        ] {
+            let yaml = format!("{ISSUE_EXAMPLE}  trending: {spec}\n");
+            let err = load_manifest(&yaml)
+                .unwrap()
+                .spec
+                .engine_config()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{spec}: missing {want:?} in {err}");
+        }
+        let named = ISSUE_EXAMPLE.replace(
+            "{name: all, allTime: true}",
+            "{name: trending, allTime: true}",
+        );
+        let err = load_manifest(&format!(
+            "{named}  trending: {{window: 1m, baseline: 1h}}\n"
+        ))
+        .unwrap()
+        .spec
+        .engine_config()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("the trending list's name"), "{err}");
     }
 
     #[test]

@@ -324,7 +324,11 @@ mod tests {
                         scope,
                         items: items
                             .into_iter()
-                            .map(|(key, count)| KeyCount { key, count })
+                            .map(|(key, count)| KeyCount {
+                                key,
+                                count,
+                                baseline: None,
+                            })
                             .collect(),
                     })
                     .collect(),

@@ -74,7 +74,7 @@ fn manifest_config(text: &str) -> Result<DataPlaneConfig, CliError> {
 }
 
 pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
-    let windows: Vec<String> = cfg.windows.iter().map(|w| w.name.clone()).collect();
+    let windows: Vec<String> = cfg.lists().into_iter().map(|w| w.name).collect();
     let served = Served::new(&cfg.metric, windows, cfg.k);
     let metrics = Metrics::new(served.requests.clone());
     Arc::new(AppState {

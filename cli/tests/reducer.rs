@@ -3,7 +3,8 @@
 //! HTTP API, also when a worker is SIGKILLed and restarted mid-stream; a takedown added to
 //! the running reducer's config leaves the lists at once, and lifting it brings the key back;
 //! with `spec.internalKafka` the internal topics live on another broker and the lists are the
-//! same; point counts through the reducer equal the oracle for every key.
+//! same; point counts through the reducer equal the oracle for every key; a planted riser
+//! tops the trending list.
 
 mod common;
 
@@ -427,6 +428,109 @@ windows:
             .is_some_and(|e| e.contains("did not answer")),
         "{answer}"
     );
+}
+
+/// A trending list through two workers and the reducer: a key planted in the last half
+/// minute tops it, a key ten times heavier that came at a steady rate for 50 minutes ranks
+/// below it with a score near 1, and a riser with fewer events than `minCount` is left out;
+/// every count and baseline equals the oracle's for the list's own window end.
+#[test]
+fn a_planted_riser_tops_the_trending_list_and_a_steady_heavy_key_does_not() {
+    let Some(env) = TestEnv::get("trending list") else {
+        return;
+    };
+    let metric = NewMetric::create(
+        &env,
+        "trending",
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 3
+allowedLateness: 100ms
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
+windows:
+  - {{name: 5m, length: 5m, bucket: 1s}}
+  - {{name: 1h, length: 1h, bucket: 1s}}
+trending: {{window: 5m, baseline: 1h, minCount: 5}}
+"#
+        ),
+    );
+    let stack = common::Stack::start(metric.dir.path(), &metric.config);
+    let _workers = [stack.worker(0), stack.worker(1)];
+    let now = now_ms();
+    // (time, key), produced in time order so that no shard sees an event late.
+    let mut events: Vec<(i64, &str)> = Vec::new();
+    events.extend((0..600).map(|i| (now - 3_000_000 + i * 5_000, "steady")));
+    events.extend((0..40).map(|i| (now - 30_000 + i * 500, "riser")));
+    events.extend((0..3).map(|i| (now - 20_000 + i * 1_000, "rare")));
+    events.extend((0..6).map(|i| (now - 3_000_000 + i * 100_000, "old")));
+    events.sort();
+    let producer = producer(&env);
+    for (time, key) in &events {
+        let payload =
+            serde_json::json!({"event_time": time, "metric": "plays", "key": key}).to_string();
+        producer
+            .send(
+                BaseRecord::to(&metric.input)
+                    .key(&message_key("plays", "", key))
+                    .payload(&payload),
+            )
+            .expect("enqueue");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let last = events.iter().map(|(t, _)| *t).max().expect("events");
+    let url = format!("{}/v1/rankings/plays?window=trending", stack.reducer.base);
+    let list = common::await_some("a trending list holding every event", WAIT, || {
+        let (status, body) = common::get(&url);
+        let list: Value = serde_json::from_str(&body).ok()?;
+        let end = topk_engine::event::parse_rfc3339_ms(list["windowEnd"].as_str()?)?;
+        (status == 200 && end > last).then_some(list)
+    });
+    let end = topk_engine::event::parse_rfc3339_ms(list["windowEnd"].as_str().expect("end"))
+        .expect("windowEnd");
+    let count_in = |key: &str, length_ms: i64| {
+        events
+            .iter()
+            .filter(|(t, k)| *k == key && (end - length_ms..end).contains(t))
+            .count() as u64
+    };
+    let items = list["items"].as_array().expect("items");
+    let got: Vec<(&str, u64, u64)> = items
+        .iter()
+        .map(|i| {
+            (
+                i["key"].as_str().expect("key"),
+                i["count"].as_u64().expect("count"),
+                i["baseline"].as_u64().expect("baseline"),
+            )
+        })
+        .collect();
+    let keys: Vec<&str> = got.iter().map(|g| g.0).collect();
+    assert_eq!(keys, ["riser", "steady"], "rare is under minCount: {list}");
+    for (key, count, baseline) in &got {
+        assert_eq!(
+            (*count, *baseline),
+            (count_in(key, 300_000), count_in(key, 3_600_000)),
+            "{key} at {end}: {list}"
+        );
+    }
+    let scores: Vec<f64> = items
+        .iter()
+        .map(|i| i["score"].as_f64().expect("score"))
+        .collect();
+    assert!(scores[0] > 5.0 && (0.8..1.5).contains(&scores[1]), "{list}");
+    assert_eq!(list["mode"], "exact");
+    assert!(list["watermark"].is_string() && list["version"].as_u64() >= Some(1));
+    // The count lists are untouched: the heavy key leads them.
+    let (status, body) = common::get(&format!(
+        "{}/v1/rankings/plays?window=1h",
+        stack.reducer.base
+    ));
+    assert_eq!(status, 200, "{body}");
+    let hour: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(hour["items"][0]["key"], "steady", "{hour}");
+    assert!(hour["items"][0].get("score").is_none(), "{hour}");
 }
 
 #[test]

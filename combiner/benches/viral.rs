@@ -45,6 +45,7 @@ fn config() -> EngineConfig {
             WindowConfig::sliding("5m", 300_000, 10_000),
             WindowConfig::sliding("1h", 3_600_000, 60_000),
         ],
+        trending: None,
     }
 }
 

@@ -192,6 +192,7 @@ mod tests {
             max_scopes: 10,
             dedupe: None,
             windows,
+            trending: None,
         }
     }
 

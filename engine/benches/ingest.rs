@@ -55,6 +55,7 @@ fn config(mode: Mode) -> EngineConfig {
             WindowConfig::sliding("5m", 300_000, 10_000),
             WindowConfig::sliding("1h", 3_600_000, 60_000),
         ],
+        trending: None,
     }
 }
 

@@ -111,6 +111,7 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
         max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
         dedupe: None,
         windows: vec![WindowConfig::sliding("1h", HOUR_MS, 60_000)],
+        trending: None,
     };
     let mut shard = ShardCounter::new(&cfg, 0);
     let mut next_boundary = START_MS + 60_000;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dedupe::DedupeConfig;
 use crate::error::EngineError;
+use crate::trend::{TRENDING, Trend, TrendScore, TrendingConfig};
 
 /// Parameters of the approximate mode.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -92,6 +93,9 @@ pub struct EngineConfig {
     /// Duplicate `event_id`s counted once (off when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedupe: Option<DedupeConfig>,
+    /// The trending list (none when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trending: Option<TrendingConfig>,
 }
 
 pub const DEFAULT_MAX_SCOPE_BYTES: usize = 256;
@@ -111,6 +115,50 @@ impl EngineConfig {
     /// The position of the window named `name` among the configured ones.
     pub fn window_position(&self, name: &str) -> Option<usize> {
         self.windows.iter().position(|w| w.name == name)
+    }
+
+    /// The trending list's windows and score; `None` without one (or before validation).
+    pub fn trend(&self) -> Option<Trend> {
+        let t = self.trending.as_ref()?;
+        let (window, baseline) = (
+            self.window_position(&t.window)?,
+            self.window_position(&t.baseline)?,
+        );
+        let (short, long) = (
+            self.windows[window].length_ms?,
+            self.windows[baseline].length_ms?,
+        );
+        Some(Trend {
+            window,
+            baseline,
+            min_count: t.min_count,
+            score: TrendScore {
+                smoothing: t.smoothing,
+                length_ratio: short as f64 / long as f64,
+            },
+        })
+    }
+
+    /// The windows a metric publishes lists of: the configured ones, then the trending list
+    /// (made at its short window's boundaries, so with its length and bucket).
+    pub fn lists(&self) -> Vec<WindowConfig> {
+        let trending = self.trend().map(|t| WindowConfig {
+            name: TRENDING.to_owned(),
+            ..self.windows[t.window].clone()
+        });
+        self.windows.iter().cloned().chain(trending).collect()
+    }
+
+    /// Window positions in the order their lists are made at a boundary: a trending list's
+    /// baseline before its short window, so that the score reads the baseline as of the same
+    /// boundary.
+    pub fn publish_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.windows.len()).collect();
+        if let Some(t) = self.trend() {
+            order.retain(|w| *w != t.baseline);
+            order.insert(0, t.baseline);
+        }
+        order
     }
 
     /// Estimated sketch memory of one shard: per window, a sketch for every closed bucket in
@@ -212,6 +260,44 @@ impl EngineConfig {
                     ));
                 }
             }
+        }
+        if let Some(t) = &self.trending {
+            self.validate_trending(t)?;
+        }
+        Ok(())
+    }
+
+    fn validate_trending(&self, t: &TrendingConfig) -> Result<(), EngineError> {
+        let fail = |msg: String| Err(EngineError::InvalidConfig(msg));
+        if self.windows.iter().any(|w| w.name == TRENDING) {
+            return fail(format!(
+                "a window is named {TRENDING:?}, the trending list's name; rename the window"
+            ));
+        }
+        let sliding = |field: &str, name: &str| match self.window_position(name) {
+            None => Err(format!(
+                "trending.{field} names no window: {name:?} is not among spec.windows"
+            )),
+            Some(w) => self.windows[w].length_ms.ok_or_else(|| {
+                format!("trending.{field}: {name:?} is all-time; name a sliding window")
+            }),
+        };
+        let short = sliding("window", &t.window).map_err(EngineError::InvalidConfig)?;
+        let long = sliding("baseline", &t.baseline).map_err(EngineError::InvalidConfig)?;
+        if long <= short {
+            return fail(format!(
+                "trending.baseline ({:?}) must be longer than trending.window ({:?})",
+                t.baseline, t.window
+            ));
+        }
+        if t.min_count == 0 {
+            return fail("trending.minCount must be at least 1".into());
+        }
+        if !(t.smoothing.is_finite() && t.smoothing > 0.0) {
+            return fail(format!(
+                "trending.smoothing must be a positive number, got {}",
+                t.smoothing
+            ));
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! - [`dedupe`]: the `event_id`s a shard remembers, so a retried event is counted once.
 //! - [`shard`]: per-shard counting state for every configured window, exact or sketched.
 //! - [`summary`]: what a shard publishes, and the merge of many shards into rankings.
+//! - [`trend`]: the trending list's score (a short window's rate against a baseline's).
 //! - [`snapshot`]: a shard's state in serialisable form (checkpoints and handoff).
 //! - [`stream`]: one shard's path with its own watermark and summaries (what a worker runs).
 //! - [`pipeline`]: shards + watermark + merge in one process (what `topk run` drives).
@@ -30,6 +31,7 @@ pub mod sketch;
 pub mod snapshot;
 pub mod stream;
 pub mod summary;
+pub mod trend;
 pub mod window;
 
 pub use config::{EngineConfig, Mode, SketchParams, WindowConfig};

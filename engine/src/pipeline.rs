@@ -12,7 +12,8 @@ use crate::error::EngineError;
 use crate::event::{Event, EventParser, RejectReason};
 use crate::partition::shard_for;
 use crate::shard::ShardCounter;
-use crate::summary::{PointCount, Ranking, merge_known};
+use crate::summary::{PointCount, Ranking, ShardSummary, merge_known};
+use crate::trend::Trend;
 use crate::window::{boundary_after, closed_boundary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +52,9 @@ pub struct Pipeline {
     /// One for the whole run: every shard is in this process.
     dedupe: Option<Deduper>,
     dedupe_outcomes: BTreeMap<IdCheck, u64>,
+    trend: Option<Trend>,
+    /// See [`EngineConfig::publish_order`].
+    publish_order: Vec<usize>,
 }
 
 impl Pipeline {
@@ -63,13 +67,16 @@ impl Pipeline {
         Ok(Self {
             parser: EventParser::new(cfg.max_key_bytes),
             dedupe: cfg.dedupe.map(Deduper::new),
+            trend: cfg.trend(),
+            publish_order: cfg.publish_order(),
             cfg,
             shards,
             max_event_ms: None,
             published_end: vec![None; windows],
             next_publish_ms: i64::MIN,
             versions: HashMap::new(),
-            known_scopes: vec![BTreeSet::new(); windows],
+            // One more for the trending list.
+            known_scopes: vec![BTreeSet::new(); windows + 1],
             deny: BTreeSet::new(),
             accepted: 0,
             rejected: BTreeMap::new(),
@@ -222,7 +229,7 @@ impl Pipeline {
             return;
         };
         let mut next = i64::MAX;
-        for w in 0..self.cfg.windows.len() {
+        for w in self.publish_order.clone() {
             let bucket_ms = self.cfg.windows[w].bucket_ms;
             let boundary = closed_boundary(watermark, bucket_ms);
             if self.published_end[w].is_none_or(|end| boundary > end) {
@@ -243,7 +250,7 @@ impl Pipeline {
         let Some(max_event) = self.max_event_ms else {
             return;
         };
-        for w in 0..self.cfg.windows.len() {
+        for w in self.publish_order.clone() {
             let end = boundary_after(max_event, self.cfg.windows[w].bucket_ms);
             self.publish_window(w, end, end, now_ms, out);
             self.published_end[w] = Some(end);
@@ -267,6 +274,28 @@ impl Pipeline {
                 shard.summary(w, watermark)
             })
             .collect();
+        self.publish_merged(&summaries, w, None, now_ms, out);
+        if let Some(trend) = self.trend.filter(|t| t.window == w) {
+            let trending: Vec<_> = self
+                .shards
+                .iter_mut()
+                .map(|shard| shard.trending_summary(&trend, watermark))
+                .collect();
+            let list = self.cfg.windows.len();
+            self.publish_merged(&trending, list, Some(&trend), now_ms, out);
+        }
+    }
+
+    /// Publishes the merge of `summaries`, the lists of window `w` (the trending list's
+    /// position is after the windows').
+    fn publish_merged(
+        &mut self,
+        summaries: &[ShardSummary],
+        w: usize,
+        trend: Option<&Trend>,
+        now_ms: i64,
+        out: &mut Vec<Published>,
+    ) {
         let refs: Vec<_> = summaries.iter().collect();
         let deny = &self.deny;
         let rankings = merge_known(
@@ -274,6 +303,7 @@ impl Pipeline {
             self.cfg.k,
             &|key| deny.contains(key),
             &mut self.known_scopes[w],
+            trend.map(|t| &t.score),
         );
         for ranking in rankings {
             let version = self

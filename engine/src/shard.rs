@@ -11,6 +11,7 @@ use crate::keys::{KeyTable, ScopeTable, key_hash, scope_seed};
 use crate::sketch::CountMinSketch;
 use crate::snapshot::{ExactBucket, SNAPSHOT_FORMAT, ShardSnapshot, WindowSnapshot};
 use crate::summary::{KeyCount, PointCount, ScopeItems, ShardSummary, rank_order, top_k};
+use crate::trend::{TRENDING, Trend};
 
 enum State {
     Exact {
@@ -223,9 +224,7 @@ impl ShardCounter {
 
     /// Summary of window `window` as of its last closed boundary.
     pub fn summary(&mut self, window: usize, watermark_ms: i64) -> ShardSummary {
-        self.seq += 1;
-        let cfg = &self.windows[window];
-        let (closed_through, total, max_overcount, mut scopes) = match &self.state {
+        let scored = match &self.state {
             State::Exact { keys, windows } => {
                 let w = &windows[window];
                 let mut per_scope: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.scopes.id_space()];
@@ -247,6 +246,7 @@ impl ShardCounter {
                                 .map(|(id, count)| KeyCount {
                                     key: keys.key(id).to_owned(),
                                     count,
+                                    baseline: None,
                                 })
                                 .collect(),
                         }
@@ -263,22 +263,114 @@ impl ShardCounter {
                         scope: self.scopes.name(scope).to_owned(),
                         items: items
                             .into_iter()
-                            .map(|(_, key, count)| KeyCount { key, count })
+                            .map(|(_, key, count)| KeyCount {
+                                key,
+                                count,
+                                baseline: None,
+                            })
                             .collect(),
                     })
                     .collect();
                 (w.closed_through(), w.total(), w.error_bound(), scopes)
             }
         };
+        let name = self.windows[window].name.clone();
+        self.stamp(window, name, scored, watermark_ms)
+    }
+
+    /// The trending summary at the short window's last closed boundary: per scope, the `k`
+    /// best-scored keys with at least `min_count` events in the short window, each with its
+    /// count there and in the baseline window as of the baseline's last closed boundary
+    /// (publish the baseline first, see [`crate::EngineConfig::publish_order`]). Exact mode
+    /// scores every key of the short window; approximate mode its candidates, by the
+    /// windows' estimates.
+    pub fn trending_summary(&mut self, trend: &Trend, watermark_ms: i64) -> ShardSummary {
+        let (k, score, min) = (self.k, trend.score, trend.min_count);
+        let scored = match &self.state {
+            State::Exact { keys, windows } => {
+                let (short, base) = (&windows[trend.window], &windows[trend.baseline]);
+                let mut per_scope: Vec<Vec<(u32, u64, u64)>> =
+                    vec![Vec::new(); self.scopes.id_space()];
+                for (id, count) in short.counted().filter(|(_, count)| *count >= min) {
+                    per_scope[keys.scope(id) as usize].push((id, count, base.count_of(id)));
+                }
+                let scopes = per_scope
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, items)| !items.is_empty())
+                    .map(|(scope, items)| {
+                        let top = top_k(items, k, |a, b| {
+                            score.order((keys.key(a.0), a.1, a.2), (keys.key(b.0), b.1, b.2))
+                        });
+                        ScopeItems {
+                            scope: self.scopes.name(scope as u32).to_owned(),
+                            items: top
+                                .into_iter()
+                                .map(|(id, count, baseline)| KeyCount {
+                                    key: keys.key(id).to_owned(),
+                                    count,
+                                    baseline: Some(baseline),
+                                })
+                                .collect(),
+                        }
+                    })
+                    .collect();
+                (short.closed_through(), short.total(), 0, scopes)
+            }
+            State::Approximate { windows } => {
+                let (short, base) = (&windows[trend.window], &windows[trend.baseline]);
+                let scopes = short
+                    .top()
+                    .into_iter()
+                    .filter_map(|(scope, candidates)| {
+                        let items: Vec<KeyCount> = candidates
+                            .into_iter()
+                            .filter(|(_, _, count)| *count >= min)
+                            .map(|(hash, key, count)| KeyCount {
+                                key,
+                                count,
+                                baseline: Some(base.estimate(hash)),
+                            })
+                            .collect();
+                        let top = top_k(items, k, |a, b| {
+                            let baseline = |i: &KeyCount| i.baseline.unwrap_or(0);
+                            score.order(
+                                (&a.key, a.count, baseline(a)),
+                                (&b.key, b.count, baseline(b)),
+                            )
+                        });
+                        (!top.is_empty()).then(|| ScopeItems {
+                            scope: self.scopes.name(scope).to_owned(),
+                            items: top,
+                        })
+                    })
+                    .collect();
+                let bound = short.error_bound().max(base.error_bound());
+                (short.closed_through(), short.total(), bound, scopes)
+            }
+        };
+        self.stamp(trend.window, TRENDING.to_owned(), scored, watermark_ms)
+    }
+
+    /// A summary of `scored` (closed bucket, total, bound, lists) under the next sequence
+    /// number, with the window bounds of window `window` and the list name `name`.
+    fn stamp(
+        &mut self,
+        window: usize,
+        name: String,
+        (closed_through, total, max_overcount, mut scopes): (i64, u64, u64, Vec<ScopeItems>),
+        watermark_ms: i64,
+    ) -> ShardSummary {
+        self.seq += 1;
         // By name, not by id: ids depend on which scopes expired before, a summary must not.
         scopes.sort_unstable_by(|a, b| a.scope.cmp(&b.scope));
-        let (window_start_ms, window_end_ms) = closed_window(cfg, closed_through);
+        let (window_start_ms, window_end_ms) = closed_window(&self.windows[window], closed_through);
         ShardSummary {
             metric: self.metric.clone(),
             shard: self.shard,
             epoch: self.epoch,
             seq: self.seq,
-            window: cfg.name.clone(),
+            window: name,
             window_start_ms,
             window_end_ms,
             watermark_ms,

@@ -16,6 +16,7 @@ use crate::pipeline::check_event;
 use crate::shard::ShardCounter;
 use crate::snapshot::ShardSnapshot;
 use crate::summary::{PointCount, ShardSummary};
+use crate::trend::Trend;
 use crate::window::closed_boundary;
 
 /// Most summaries one window publishes when the watermark jumps over many boundaries at once.
@@ -33,6 +34,9 @@ pub struct ShardStream {
     next_publish_ms: i64,
     accepted: u64,
     dedupe: Option<Deduper>,
+    trend: Option<Trend>,
+    /// See [`EngineConfig::publish_order`].
+    publish_order: Vec<usize>,
 }
 
 /// Everything a [`ShardStream`] needs to continue exactly where it stopped.
@@ -81,6 +85,8 @@ impl ShardStream {
             next_publish_ms: i64::MIN,
             accepted: 0,
             dedupe: cfg.dedupe.map(Deduper::new),
+            trend: cfg.trend(),
+            publish_order: cfg.publish_order(),
             cfg: cfg.clone(),
         }
     }
@@ -98,6 +104,8 @@ impl ShardStream {
             accepted: snap.accepted,
             // Dedupe turned on over an older state starts with no ids; turned off, drops them.
             dedupe: cfg.dedupe.map(|d| Deduper::restore(d, &snap.seen_ids)),
+            trend: cfg.trend(),
+            publish_order: cfg.publish_order(),
             cfg: cfg.clone(),
         })
     }
@@ -243,7 +251,8 @@ impl ShardStream {
             return;
         }
         let mut next = i64::MAX;
-        for (w, cfg) in self.cfg.windows.iter().enumerate() {
+        for &w in &self.publish_order {
+            let cfg = &self.cfg.windows[w];
             let boundary = closed_boundary(watermark, cfg.bucket_ms);
             // Every boundary passed gets its summary, so that the reducer finds each window
             // end from every shard even when this shard's watermark jumps (sparse input, an
@@ -258,10 +267,11 @@ impl ShardStream {
             let mut end = first;
             while end <= boundary {
                 self.counter.advance_window(w, end);
-                out.push(
-                    self.counter
-                        .summary(w, if end == boundary { watermark } else { end }),
-                );
+                let stamped = if end == boundary { watermark } else { end };
+                out.push(self.counter.summary(w, stamped));
+                if let Some(trend) = self.trend.as_ref().filter(|t| t.window == w) {
+                    out.push(self.counter.trending_summary(trend, stamped));
+                }
                 self.published_end[w] = Some(end);
                 end = end.saturating_add(cfg.bucket_ms);
             }

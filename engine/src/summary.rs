@@ -10,10 +10,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::trend::{Score, TrendScore};
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyCount {
     pub key: String,
     pub count: u64,
+    /// In a trending summary, the key's count in the baseline window (`count` is the short
+    /// window's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,10 +67,17 @@ pub struct ShardSummary {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct RankedItem {
     pub rank: u32,
     pub key: String,
     pub count: u64,
+    /// Trending lists only: the key's count in the baseline window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<u64>,
+    /// Trending lists only: what the list is ordered by (see [`crate::trend`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<Score>,
 }
 
 /// A merged list for one (scope, window).
@@ -102,24 +115,26 @@ pub fn top_k<T>(mut items: Vec<T>, k: usize, cmp: impl Fn(&T, &T) -> Ordering) -
 /// Merges summaries of the same window (from different shards) into one ranking per scope,
 /// ordered by scope. Callers decide which summaries are eligible (epochs, completeness).
 pub fn merge(summaries: &[&ShardSummary], k: usize) -> Vec<Ranking> {
-    merge_known(summaries, k, &|_| false, &mut BTreeSet::new())
+    merge_known(summaries, k, &|_| false, &mut BTreeSet::new(), None)
 }
 
 /// [`merge`] for a publisher that keeps lists alive: keys for which `denied` holds are left
 /// out before the top `k` is taken (their counts are untouched), and every scope in `known`
 /// gets a list, empty when none of its keys is in the window any more, instead of keeping a
 /// stale one. `known` becomes the scopes with a non-empty list: a scope that left every
-/// summary gets one empty list, then no more (its counts expired from the shards).
+/// summary gets one empty list, then no more (its counts expired from the shards). With
+/// `trend`, the summaries are trending ones and the lists are ordered by their score.
 pub fn merge_known(
     summaries: &[&ShardSummary],
     k: usize,
     denied: &dyn Fn(&str) -> bool,
     known: &mut BTreeSet<String>,
+    trend: Option<&TrendScore>,
 ) -> Vec<Ranking> {
     let Some(first) = summaries.first() else {
         return Vec::new();
     };
-    let mut per_scope: BTreeMap<&str, BTreeMap<&str, u64>> = known
+    let mut per_scope: BTreeMap<&str, BTreeMap<&str, (u64, Option<u64>)>> = known
         .iter()
         .map(|scope| (scope.as_str(), BTreeMap::new()))
         .collect();
@@ -127,8 +142,11 @@ pub fn merge_known(
         for scope in &summary.scopes {
             let counts = per_scope.entry(&scope.scope).or_default();
             for item in scope.items.iter().filter(|i| !denied(&i.key)) {
-                let count = counts.entry(&item.key).or_insert(0);
+                let (count, baseline) = counts.entry(&item.key).or_insert((0, None));
                 *count = count.saturating_add(item.count);
+                if let Some(b) = item.baseline {
+                    *baseline = Some(baseline.unwrap_or(0).saturating_add(b));
+                }
             }
         }
     }
@@ -141,8 +159,12 @@ pub fn merge_known(
     let rankings: Vec<Ranking> = per_scope
         .into_iter()
         .map(|(scope, counts)| {
-            let top = top_k(counts.into_iter().collect(), k, |a, b| {
-                rank_order(a.0, a.1, b.0, b.1)
+            let top = top_k(counts.into_iter().collect(), k, |a, b| match trend {
+                Some(t) => t.order(
+                    (a.0, a.1.0, a.1.1.unwrap_or(0)),
+                    (b.0, b.1.0, b.1.1.unwrap_or(0)),
+                ),
+                None => rank_order(a.0, a.1.0, b.0, b.1.0),
             });
             Ranking {
                 metric: first.metric.clone(),
@@ -153,10 +175,12 @@ pub fn merge_known(
                 items: top
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (key, count))| RankedItem {
+                    .map(|(i, (key, (count, baseline)))| RankedItem {
                         rank: i as u32 + 1,
                         key: key.to_owned(),
                         count,
+                        baseline,
+                        score: trend.map(|t| Score(t.of(count, baseline.unwrap_or(0)))),
                     })
                     .collect(),
                 mode: first.mode.clone(),
@@ -188,6 +212,7 @@ mod tests {
             let item = KeyCount {
                 key: key.to_string(),
                 count: *count,
+                baseline: None,
             };
             match scopes.iter_mut().find(|s| s.scope == *scope) {
                 Some(s) => s.items.push(item),
@@ -235,7 +260,7 @@ mod tests {
         let a = summary(0, &[("", "x", 5), ("", "b", 3)], 100, 0);
         let b = summary(1, &[("", "a", 4)], 100, 0);
         let mut known = BTreeSet::from(["gone".to_owned()]);
-        let merged = merge_known(&[&a, &b], 2, &|key| key == "x", &mut known);
+        let merged = merge_known(&[&a, &b], 2, &|key| key == "x", &mut known, None);
         let keys: Vec<_> = merged
             .iter()
             .map(|r| (r.scope.as_str(), r.items.len()))

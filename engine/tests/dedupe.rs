@@ -30,6 +30,7 @@ fn config(mode: Mode, lateness_ms: i64, dedupe: Option<DedupeConfig>) -> EngineC
             WindowConfig::sliding("short", 40, 10),
             WindowConfig::all_time("all", 50),
         ],
+        trending: None,
     }
 }
 

@@ -153,6 +153,7 @@ fn config(
         max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
         dedupe: None,
         windows,
+        trending: None,
     }
 }
 
@@ -327,6 +328,104 @@ proptest! {
                             "sure winner {} ({}) missing", key, count);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The trending list a brute force makes for the list `p` published in the short window, with
+/// the baseline closed at `baseline_end`: every key with at least `min` events in the short
+/// window, by score, with its counts.
+fn oracle_trending(
+    good: &[Ev],
+    cfg: &EngineConfig,
+    p: &Published,
+    baseline_end: i64,
+) -> Vec<(String, u64, u64)> {
+    let trend = cfg.trend().unwrap();
+    let (short, long) = (&cfg.windows[trend.window], &cfg.windows[trend.baseline]);
+    let end = p.ranking.window_end_ms.unwrap();
+    let counts = oracle_counts(good, end - short.length_ms.unwrap(), end);
+    let baseline = oracle_counts(good, baseline_end - long.length_ms.unwrap(), baseline_end);
+    let empty = BTreeMap::new();
+    let base = baseline.get(&p.ranking.scope).unwrap_or(&empty);
+    let mut all: Vec<(String, u64, u64)> = counts
+        .get(&p.ranking.scope)
+        .unwrap_or(&empty)
+        .iter()
+        .filter(|(_, c)| **c >= trend.min_count)
+        .map(|(k, c)| (k.clone(), *c, base.get(k).copied().unwrap_or(0)))
+        .collect();
+    all.sort_by(|a, b| trend.score.order((&a.0, a.1, a.2), (&b.0, b.1, b.2)));
+    all.truncate(cfg.k);
+    all
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+    /// Every trending list equals the brute force's (exact mode), or never under-counts either
+    /// window (approximate mode), at every publication and at end of input.
+    #[test]
+    fn trending_lists_rank_the_oracles_risers(
+        (lateness, events) in stream(),
+        windows in windows(),
+        shards in 1u32..5,
+        k in 1usize..6,
+        min_count in 1u64..4,
+        smoothing in prop::sample::select(vec![0.5f64, 1.0, 10.0]),
+        approximate in any::<bool>(),
+    ) {
+        let mode = if approximate {
+            Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.05, candidates: 30 })
+        } else {
+            Mode::Exact
+        };
+        let mut cfg = config(mode, shards, k, lateness, windows);
+        cfg.trending = Some(topk_engine::trend::TrendingConfig {
+            window: "short".into(),
+            baseline: "long".into(),
+            min_count,
+            smoothing,
+        });
+        let good = accepted(&events, lateness);
+        let (_, streaming, last) = run(&cfg, &events);
+        let long_bucket = cfg.windows[1].bucket_ms;
+        let max_t = good.iter().map(|e| e.time_ms).max().unwrap();
+        let trending = |list: &[Published]| -> Vec<Published> {
+            list.iter().filter(|p| p.ranking.window == "trending").cloned().collect()
+        };
+        let (during, after) = (trending(&streaming), trending(&last));
+        for (p, at_end) in during.iter().map(|p| (p, false)).chain(after.iter().map(|p| (p, true))) {
+            let baseline_end = if at_end {
+                boundary_after(max_t, long_bucket)
+            } else {
+                closed_boundary(p.ranking.watermark_ms, long_bucket)
+            };
+            let want = oracle_trending(&good, &cfg, p, baseline_end);
+            let got: Vec<(String, u64, u64)> = p
+                .ranking
+                .items
+                .iter()
+                .map(|i| (i.key.clone(), i.count, i.baseline.unwrap()))
+                .collect();
+            let score = cfg.trend().unwrap().score;
+            for i in &p.ranking.items {
+                prop_assert_eq!(i.score.map(|s| s.0), Some(score.of(i.count, i.baseline.unwrap())));
+            }
+            if approximate {
+                let end = p.ranking.window_end_ms.unwrap();
+                let short = oracle_counts(&good, end - cfg.windows[0].length_ms.unwrap(), end);
+                let long = oracle_counts(&good, baseline_end - cfg.windows[1].length_ms.unwrap(), baseline_end);
+                let count = |c: &BTreeMap<String, BTreeMap<String, u64>>, key: &str| {
+                    c.get(&p.ranking.scope).and_then(|c| c.get(key).copied()).unwrap_or(0)
+                };
+                for (key, s, b) in &got {
+                    prop_assert!(*s >= count(&short, key) && *s >= min_count, "{} short {}", key, s);
+                    prop_assert!(*b >= count(&long, key), "{} baseline {} under-counted", key, b);
+                }
+            } else {
+                prop_assert_eq!(&got, &want, "scope {:?} ending {:?} (baseline to {})", p.ranking.scope, p.ranking.window_end_ms, baseline_end);
             }
         }
     }

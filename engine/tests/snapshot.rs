@@ -30,6 +30,7 @@ fn config(mode: Mode) -> EngineConfig {
             WindowConfig::sliding("long", 120, 20),
             WindowConfig::all_time("all", 50),
         ],
+        trending: None,
     }
 }
 

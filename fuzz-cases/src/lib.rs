@@ -130,6 +130,7 @@ fn engine_config(mode: Mode) -> EngineConfig {
             WindowConfig::sliding("short", 4_000, 1_000),
             WindowConfig::all_time("all", 1_000),
         ],
+        trending: None,
     }
 }
 

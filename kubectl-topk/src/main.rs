@@ -24,6 +24,7 @@ use topk_api::TopKMetric;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 use topk_api::names::Names;
 use topk_api::rollback::{ROLLBACK_ANNOTATION, RollbackRequest, RollbackResult};
+use topk_engine::trend::TRENDING;
 
 #[derive(Parser)]
 #[command(
@@ -239,7 +240,14 @@ async fn run(cli: Cli) -> Result<String, String> {
         } => {
             let request = RollbackRequest::new(window, scope, version, now_ms());
             let text = serde_json::to_string(&request).map_err(|e| e.to_string())?;
-            let windows: Vec<String> = metric.spec.windows.iter().map(|w| w.name.clone()).collect();
+            let trending = metric.spec.trending.as_ref().map(|_| TRENDING.to_owned());
+            let windows: Vec<String> = metric
+                .spec
+                .windows
+                .iter()
+                .map(|w| w.name.clone())
+                .chain(trending)
+                .collect();
             RollbackRequest::judge(&text, &windows, now_ms()).map_err(|(_, message)| message)?;
             let patch =
                 serde_json::json!({"metadata": {"annotations": {ROLLBACK_ANNOTATION: text}}});
@@ -449,7 +457,8 @@ fn str_of<'a>(v: &'a Value, field: &str) -> &'a str {
     v[field].as_str().unwrap_or("-")
 }
 
-/// A list as a header and a RANK / COUNT / KEY table.
+/// A list as a header and a RANK / COUNT / KEY table (RANK / SCORE / COUNT / BASELINE / KEY
+/// for a trending list).
 fn render_list(list: &Value) -> String {
     let scope = scope_label(list);
     let mut out = format!(
@@ -475,11 +484,30 @@ fn render_list(list: &Value) -> String {
         .max()
         .unwrap_or(5)
         .max(5);
-    let _ = writeln!(out, "{:>4}  {:>width$}  KEY", "RANK", "COUNT");
+    // A trending list is ordered by its score, against the count in its baseline window.
+    let trending = items.iter().any(|i| i["score"].is_number());
+    let (score_head, baseline_head) = if trending {
+        ("   SCORE", format!("  {:>8}", "BASELINE"))
+    } else {
+        ("", String::new())
+    };
+    let _ = writeln!(
+        out,
+        "{:>4}{score_head}  {:>width$}{baseline_head}  KEY",
+        "RANK", "COUNT"
+    );
     for item in &items {
+        let (score, baseline) = if trending {
+            (
+                format!("  {:>6.2}", item["score"].as_f64().unwrap_or(0.0)),
+                format!("  {:>8}", item["baseline"].to_string()),
+            )
+        } else {
+            (String::new(), String::new())
+        };
         let _ = writeln!(
             out,
-            "{:>4}  {:>width$}  {}",
+            "{:>4}{score}  {:>width$}{baseline}  {}",
             item["rank"].to_string(),
             item["count"].to_string(),
             str_of(item, "key")
@@ -652,6 +680,20 @@ mod tests {
             "{text}"
         );
         assert_eq!(encode("eu west/1"), "eu%20west%2F1");
+    }
+
+    #[test]
+    fn a_trending_list_shows_its_scores_and_baselines() {
+        let list = serde_json::json!({
+            "metric": "plays", "scope": "", "window": "trending", "version": 3,
+            "items": [{"rank": 1, "key": "new", "count": 40, "baseline": 40, "score": 9.4615},
+                      {"rank": 2, "key": "old", "count": 10, "baseline": 120, "score": 1.0}],
+        });
+        let text = render_list(&list);
+        assert!(
+            text.contains("RANK   SCORE  COUNT  BASELINE  KEY\n   1    9.46     40        40  new\n   2    1.00     10       120  old\n"),
+            "{text}"
+        );
     }
 
     #[test]

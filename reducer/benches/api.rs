@@ -42,6 +42,8 @@ fn list() -> RankingRecord {
                 rank: i + 1,
                 key: format!("GET /api/v2/tenants/{}/orders", 7919 * (i + 3) % 100_000),
                 count: 1_000_000 / u64::from(i + 1),
+                baseline: None,
+                score: None,
             })
             .collect(),
         mode: "exact".into(),

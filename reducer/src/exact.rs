@@ -178,6 +178,8 @@ pub fn compose<E>(
                     rank: i as u32 + 1,
                     key: key.to_owned(),
                     count,
+                    baseline: None,
+                    score: None,
                 })
                 .collect(),
             max_overcount,
@@ -205,6 +207,7 @@ pub fn tops_of<'a>(
                 .map(|(key, count)| KeyCount {
                     key: key.to_owned(),
                     count,
+                    baseline: None,
                 })
                 .collect();
             (scope.to_owned(), items)
@@ -227,6 +230,7 @@ pub fn merge_tops(old: &[KeyCount], changed: &BTreeMap<String, u64>, c: usize) -
     .map(|(key, count)| KeyCount {
         key: key.to_owned(),
         count,
+        baseline: None,
     })
     .collect()
 }
@@ -333,6 +337,7 @@ mod tests {
             .map(|(key, count)| KeyCount {
                 key: (*key).into(),
                 count: *count,
+                baseline: None,
             })
             .collect()
     }

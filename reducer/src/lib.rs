@@ -41,15 +41,8 @@ pub fn settings(config: &DataPlaneConfig, kafka: KafkaProperties) -> ReducerSett
     let tuning = &config.reducer;
     ReducerSettings {
         name: config.name.clone(),
-        merge: ReducerConfig {
-            metric: engine.metric.clone(),
-            config_version: config.config_version(),
-            shards: engine.shards,
-            k: engine.k,
-            windows: engine.windows.iter().map(|w| w.name.clone()).collect(),
-            window_lengths: engine.windows.iter().map(|w| w.length_ms).collect(),
-        },
-        bucket_ms: engine.windows.iter().map(|w| w.bucket_ms).collect(),
+        merge: ReducerConfig::of(engine, config.config_version()),
+        bucket_ms: engine.lists().iter().map(|w| w.bucket_ms).collect(),
         kafka,
         topics: config.kafka.topics.clone(),
         state_dir: PathBuf::from("/var/lib/topk"),

@@ -68,11 +68,13 @@ pub struct PointCountSettings {
 
 impl ReducerSettings {
     /// Whether a window's lists are sums of clock hours (whole hours long, or all-time, and
-    /// published on hour boundaries), so that recounted hours can replace their estimates.
+    /// published on hour boundaries; not the trending list), so that recounted hours can replace their estimates.
     pub fn composable(&self, window: usize) -> bool {
         let whole_hours = |ms: i64| ms > 0 && ms % HOUR_MS == 0;
         let length = self.merge.window_lengths.get(window).copied().flatten();
-        self.bucket_ms.get(window).is_some_and(|b| whole_hours(*b))
+        // The trending list ranks by a ratio, which hours do not add up to.
+        self.merge.trending_list() != Some(window)
+            && self.bucket_ms.get(window).is_some_and(|b| whole_hours(*b))
             && length.is_none_or(whole_hours)
     }
 

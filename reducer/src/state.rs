@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use topk_api::assignment::AssignmentTable;
 use topk_api::record::{ShardOffset, SummaryRecord};
 use topk_engine::summary::{KeyCount, merge_known};
-use topk_engine::{Ranking, ShardSummary};
+use topk_engine::trend::TrendScore;
+use topk_engine::{EngineConfig, Ranking, ShardSummary};
 
 use crate::exact::{HOUR_MS, StreamingHour};
 
@@ -34,6 +35,36 @@ pub struct ReducerConfig {
     /// Their lengths (`None`: all-time), same order. Lists of a one-hour window that end on an
     /// hour are kept as the streaming lists of clock hours.
     pub window_lengths: Vec<Option<i64>>,
+    /// When set, the last of `windows` is the trending list, its summaries ordered by this.
+    pub trending: Option<TrendScore>,
+}
+
+impl ReducerConfig {
+    /// What reducers of `engine`'s metric merge (rendered config hash `config_version`).
+    pub fn of(engine: &EngineConfig, config_version: String) -> Self {
+        let lists = engine.lists();
+        Self {
+            metric: engine.metric.clone(),
+            config_version,
+            shards: engine.shards,
+            k: engine.k,
+            windows: lists.iter().map(|w| w.name.clone()).collect(),
+            window_lengths: lists.iter().map(|w| w.length_ms).collect(),
+            trending: engine.trend().map(|t| t.score),
+        }
+    }
+
+    /// The position of the trending list among `windows`, if there is one.
+    pub fn trending_list(&self) -> Option<usize> {
+        self.trending.and(self.windows.len().checked_sub(1))
+    }
+
+    /// How the lists of window `w` are ordered: by trending score, or by count (`None`).
+    fn order(&self, w: usize) -> Option<&TrendScore> {
+        self.trending
+            .as_ref()
+            .filter(|_| self.trending_list() == Some(w))
+    }
 }
 
 /// What became of an offered summary; `as_str` is its metric label.
@@ -159,7 +190,11 @@ impl ReducerState {
                 ..WindowState::default()
             })
             .collect();
-        let hour_window = cfg.window_lengths.iter().position(|l| *l == Some(HOUR_MS));
+        let hour_window = cfg
+            .window_lengths
+            .iter()
+            .position(|l| *l == Some(HOUR_MS))
+            .filter(|w| cfg.trending_list() != Some(*w));
         Self {
             cfg,
             table: None,
@@ -344,7 +379,7 @@ impl ReducerState {
             window.published_end = Some(end);
             out.push(merged(
                 self.cfg.windows[w].clone(),
-                self.cfg.k,
+                (self.cfg.k, self.cfg.order(w)),
                 &self.deny,
                 &mut window.known_scopes,
                 end,
@@ -368,7 +403,7 @@ impl ReducerState {
             if let Some((end, complete)) = &window.last_complete {
                 out.push(merged(
                     self.cfg.windows[w].clone(),
-                    self.cfg.k,
+                    (self.cfg.k, self.cfg.order(w)),
                     &self.deny,
                     &mut window.known_scopes,
                     *end,
@@ -426,7 +461,7 @@ fn complete_shards(by_shard: &BTreeMap<u32, Pending>) -> usize {
 /// The lists of one complete window end.
 fn merged(
     window: String,
-    k: usize,
+    (k, order): (usize, Option<&TrendScore>),
     deny: &BTreeSet<String>,
     known_scopes: &mut BTreeSet<String>,
     end: i64,
@@ -436,7 +471,13 @@ fn merged(
     Publication {
         window,
         window_end_ms: end,
-        rankings: merge_known(&summaries, k, &|key| deny.contains(key), known_scopes),
+        rankings: merge_known(
+            &summaries,
+            k,
+            &|key| deny.contains(key),
+            known_scopes,
+            order,
+        ),
         input_range: complete
             .iter()
             .map(|(shard, p)| ShardOffset {
@@ -460,6 +501,7 @@ fn streaming_hour(
         usize::MAX,
         &|key| deny.contains(key),
         &mut BTreeSet::new(),
+        None,
     );
     StreamingHour {
         hour_ms,
@@ -476,6 +518,7 @@ fn streaming_hour(
                     .map(|i| KeyCount {
                         key: i.key,
                         count: i.count,
+                        baseline: None,
                     })
                     .collect();
                 (r.scope, items)
@@ -499,6 +542,7 @@ mod tests {
             k: 3,
             windows: vec!["1m".into()],
             window_lengths: vec![Some(60_000)],
+            trending: None,
         }
     }
 
@@ -538,6 +582,7 @@ mod tests {
                         .map(|(key, count)| KeyCount {
                             key: (*key).into(),
                             count: *count,
+                            baseline: None,
                         })
                         .collect(),
                 }],

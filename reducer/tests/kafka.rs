@@ -61,6 +61,7 @@ fn summary(shard: u32, epoch: u64, end: i64, items: &[(&str, u64)]) -> SummaryRe
                     .map(|(key, count)| KeyCount {
                         key: (*key).into(),
                         count: *count,
+                        baseline: None,
                     })
                     .collect(),
             }],
@@ -216,6 +217,7 @@ fn reducer_merges_fences_serves_and_recovers() {
             k: 3,
             windows: vec!["1m".into()],
             window_lengths: vec![Some(60_000)],
+            trending: None,
         },
         bucket_ms: vec![100],
         kafka: topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),

@@ -38,6 +38,7 @@ fn config() -> EngineConfig {
             WindowConfig::sliding("long", 120, 20),
             WindowConfig::all_time("all", 50),
         ],
+        trending: None,
     }
 }
 
@@ -120,6 +121,7 @@ fn stale_copy(summary: &ShardSummary) -> ShardSummary {
             KeyCount {
                 key: POISON.into(),
                 count: 1_000_000,
+                baseline: None,
             },
         );
     }
@@ -177,6 +179,7 @@ proptest! {
                 k: K,
                 windows: cfg.windows.iter().map(|w| w.name.clone()).collect(),
                 window_lengths: cfg.windows.iter().map(|w| w.length_ms).collect(),
+                trending: None,
             },
             &[None, None, None],
         );

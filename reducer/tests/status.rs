@@ -24,6 +24,8 @@ fn list(window: &str, scope: &str, keys: usize) -> RankingRecord {
                 rank: i as u32 + 1,
                 key: format!("{scope}song-{i}"),
                 count: 100 - i as u64,
+                baseline: None,
+                score: None,
             })
             .collect(),
         mode: "exact".into(),

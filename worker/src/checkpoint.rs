@@ -224,6 +224,7 @@ mod tests {
             max_scopes: 4,
             dedupe,
             windows: vec![WindowConfig::all_time("all", 1000)],
+            trending: None,
         };
         let mut stream = ShardStream::new(&cfg, 0);
         let event = EventParser::new(64)

@@ -27,6 +27,7 @@ fn checkpoint(epoch: u64, next_offset: i64, outbox_bytes: usize) -> Checkpoint {
         max_scopes: 10,
         dedupe: None,
         windows: vec![WindowConfig::all_time("all", 1000)],
+        trending: None,
     };
     let mut stream = ShardStream::new(&cfg, 0);
     stream.set_epoch(epoch);
