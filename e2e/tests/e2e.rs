@@ -299,15 +299,19 @@ impl Cluster {
         annotations: &[(&str, &str)],
         extra_spec: &str,
     ) {
+        // The default windows, unless `extra_spec` has its own.
+        let windows = if extra_spec.contains("windows:") {
+            ""
+        } else {
+            "windows:\n  - {name: 1h, length: 1h, bucket: 1m}\n  - {name: all, allTime: true, bucket: 10s}"
+        };
         let spec = format!(
             r#"
 shards: 4
 k: 5
 workers: {{replicas: {workers}, idleTimeout: 2s}}
 allowedLateness: 2s
-windows:
-  - {{name: 1h, length: 1h, bucket: 1m}}
-  - {{name: all, allTime: true, bucket: 10s}}
+{windows}
 {extra_spec}
 "#
         );
@@ -615,8 +619,15 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
     let Some(cluster) = Cluster::get("known stream").await else {
         return;
     };
-    // Dedupe on: the retries below carry new times, the horizon covers them.
-    let (scenario, topic) = cluster.start_with("known", "dedupe: {horizon: 10m}").await;
+    // Dedupe on: the retries below carry new times, the horizon covers them. A trending list
+    // of a 10m window against the hour.
+    let spec = "dedupe: {horizon: 10m}
+trending: {window: 10m, baseline: 1h, minCount: 1}
+windows:
+  - {name: 1h, length: 1h, bucket: 1m}
+  - {name: all, allTime: true, bucket: 10s}
+  - {name: 10m, length: 10m, bucket: 10s}";
+    let (scenario, topic) = cluster.start_with("known", spec).await;
     let ns = scenario.ns.as_str();
     let keys = plays(0);
     let played: Vec<(i64, String, String)> = keys
@@ -717,6 +728,37 @@ async fn a_known_stream_shows_its_leader_and_exact_lists() {
             .last()
             .is_some_and(|row| row.starts_with(&format!("{:>5}", counts["song-3"]))
                 && row.ends_with("song-3")),
+        "{table}"
+    );
+    // The trending list, made by the worker pods from the operator's config: every play is in
+    // both windows once the hour's minute closes, so the scores rise with the count and the
+    // list is the count list, each key against its own count.
+    let trending = await_some("the trending list with its baselines", WAIT, || async {
+        // Not served until the first 10m boundary after the plays.
+        let out = Command::new("kubectl")
+            .args([
+                "topk", "get", "plays", "-n", ns, "--window", "trending", "-o", "json",
+            ])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())?;
+        let list: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let settled = list["items"]
+            .as_array()?
+            .iter()
+            .all(|i| i["baseline"] == i["count"]);
+        (settled && items(&list) == top5(&counts)).then_some(list)
+    })
+    .await;
+    for item in trending["items"].as_array().expect("items") {
+        assert!(
+            item["score"].as_f64().is_some_and(|s| s > 1.0),
+            "{trending}"
+        );
+    }
+    let table = kubectl(&["topk", "get", "plays", "-n", ns, "--window", "trending"]);
+    assert!(
+        table.contains("SCORE") && table.contains("BASELINE"),
         "{table}"
     );
     // `status` reads the metric and its assignment table: two workers, four shards.

@@ -28,6 +28,13 @@ pub const MAX_KEY_BYTES: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unanswered(pub StatusCode, pub String);
 
+impl Unanswered {
+    /// A 503: the counts exist but cannot be read now (a retry may succeed).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self(StatusCode::SERVICE_UNAVAILABLE, message.into())
+    }
+}
+
 /// What answers point counts.
 pub trait PointCounts: Send + Sync {
     /// The counts of `keys` (at least one, each asked once) in `window` and `scope`.
@@ -113,11 +120,10 @@ impl PointCounts for ChannelPointCounts {
         }
         (self.wake)();
         async move {
-            let unavailable = |m: &str| Unanswered(StatusCode::SERVICE_UNAVAILABLE, m.to_owned());
             match tokio::time::timeout(ANSWER_WAIT, answer).await {
                 Ok(Ok(answer)) => Ok(answer),
-                Ok(Err(_)) => Err(unavailable("the counting thread is stopping")),
-                Err(_) => Err(unavailable(
+                Ok(Err(_)) => Err(Unanswered::unavailable("the counting thread is stopping")),
+                Err(_) => Err(Unanswered::unavailable(
                     "the counting thread did not answer in time (checkpointing or taking over a shard); retry",
                 )),
             }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::{StatusCode, Uri};
+use axum::http::Uri;
 use futures::FutureExt;
 use futures::future::{BoxFuture, try_join_all};
 use http_body_util::{BodyExt, Empty, Limited};
@@ -84,10 +84,6 @@ impl WorkerPointCounts {
     }
 }
 
-fn unavailable(message: String) -> Unanswered {
-    Unanswered(StatusCode::SERVICE_UNAVAILABLE, message)
-}
-
 impl PointCounts for WorkerPointCounts {
     fn counts(
         &self,
@@ -115,7 +111,7 @@ impl PointCounts for WorkerPointCounts {
             }))
             .await?;
             let mut merged = merge_answers(&keys, head, answers).map_err(|shards| {
-                unavailable(format!(
+                Unanswered::unavailable(format!(
                     "shards {shards:?} are moving between workers; retry"
                 ))
             })?;
@@ -134,30 +130,30 @@ impl WorkerPointCounts {
         scope: &str,
         keys: &[String],
     ) -> Result<Vec<(u32, Uri)>, Unanswered> {
-        let table = self
-            .tables
-            .borrow()
-            .clone()
-            .ok_or_else(|| unavailable("no shard assignment known yet; retry".to_owned()))?;
+        let table = self.tables.borrow().clone().ok_or_else(|| {
+            Unanswered::unavailable("no shard assignment known yet; retry".to_owned())
+        })?;
         let (metric, shards) = (&self.cfg.metric, self.cfg.shards);
         let plan = plan_by_owner(keys, &table, |key| shard_for(metric, scope, key, shards))
-            .map_err(|shard| unavailable(format!("shard {shard} has no owner yet; retry")))?;
+            .map_err(|shard| {
+                Unanswered::unavailable(format!("shard {shard} has no owner yet; retry"))
+            })?;
         plan.into_iter()
             .map(|(ordinal, keys)| {
                 let base = self.urls.of(ordinal).ok_or_else(|| {
-                    unavailable(format!(
+                    Unanswered::unavailable(format!(
                         "this reducer knows no address of worker {ordinal} (it has --worker-urls for fewer workers)"
                     ))
                 })?;
                 let mut query: Vec<(&str, &str)> = vec![("window", window), ("scope", scope)];
                 query.extend(keys.iter().map(|k| ("key", k.as_str())));
                 let query = serde_urlencoded::to_string(&query)
-                    .map_err(|e| unavailable(format!("cannot encode the request: {e}")))?;
+                    .map_err(|e| Unanswered::unavailable(format!("cannot encode the request: {e}")))?;
                 let path: String =
                     url_path_segment(metric);
                 let uri: Uri = format!("{base}/v1/frequency/{path}?{query}")
                     .parse()
-                    .map_err(|e| unavailable(format!("bad address of worker {ordinal}: {e}")))?;
+                    .map_err(|e| Unanswered::unavailable(format!("bad address of worker {ordinal}: {e}")))?;
                 Ok((ordinal, uri))
             })
             .collect()
@@ -177,7 +173,8 @@ async fn ask(
     ordinal: u32,
     uri: Uri,
 ) -> Result<FrequencyAnswer, Unanswered> {
-    let failed = |why: String| unavailable(format!("worker {ordinal} did not answer: {why}"));
+    let failed =
+        |why: String| Unanswered::unavailable(format!("worker {ordinal} did not answer: {why}"));
     let response = tokio::time::timeout(WORKER_WAIT, client.get(uri))
         .await
         .map_err(|_| failed(format!("no answer within {WORKER_WAIT:?}")))?
