@@ -11,6 +11,7 @@ use rand_distr::Zipf;
 use serde_json::json;
 use topk_api::{Duration, load_manifest};
 use topk_engine::Pipeline;
+use topk_engine::trend::TRENDING;
 
 use crate::error::CliError;
 use crate::ingest::{Ingestor, now_ms};
@@ -18,7 +19,7 @@ use crate::run::{app_state, print_table};
 use crate::server;
 
 const DEMO_MANIFEST: &str = include_str!("demo-metric.yaml");
-const TRENDING: &str = "GET /v1/tickets/final-2026";
+const RISING_ROUTE: &str = "GET /v1/tickets/final-2026";
 const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
 const RESOURCES: [&str; 8] = [
     "users", "orders", "products", "carts", "search", "reviews", "images", "sessions",
@@ -72,7 +73,7 @@ impl Generator {
     fn next_lines(&mut self, now: i64, out: &mut Vec<String>) {
         self.seq += 1;
         let key = if self.rng.random_bool(self.trending_share()) {
-            TRENDING.to_owned()
+            RISING_ROUTE.to_owned()
         } else {
             let rank = self.rng.sample(self.zipf) as usize;
             // Spread ranks over resources by a multiplicative hash so that the heads differ.
@@ -99,7 +100,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     let (listener, addr) = server::bind(&args.listen).await?;
     tracing::info!("demo: query API listening on http://{addr}");
     println!(
-        "topk demo: {} requests/s; try  curl 'http://{addr}/v1/rankings/api_requests?window=1m&k=5'",
+        "topk demo: {} requests/s; try  curl 'http://{addr}/v1/rankings/api_requests?window=1m&k=5'\n  and the risers:  curl 'http://{addr}/v1/rankings/api_requests?window=trending'",
         args.rate
     );
     let server = tokio::spawn(server::serve(listener, state.clone()));
@@ -135,6 +136,9 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
                         printed_version = r.version;
                         println!();
                         print_table(&r, 5);
+                        if let Some(t) = state.served.get(TRENDING, "") {
+                            print_table(&t.record, 3);
+                        }
                     }
                     Some(_) => {}
                     None => println!("waiting for the first {first_window} bucket to close..."),

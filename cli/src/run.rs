@@ -316,7 +316,13 @@ pub fn print_table(r: &RankingRecord, limit: usize) {
         r.window, r.mode, r.version, r.max_overcount
     );
     for item in r.items.iter().take(limit) {
-        println!("  {:>4}  {:>12}  {}", item.rank, item.count, item.key);
+        match (item.score, item.baseline) {
+            (Some(score), Some(baseline)) => println!(
+                "  {:>4}  {:>12}  {}  (score {:.2}, baseline {baseline})",
+                item.rank, item.count, item.key, score.0
+            ),
+            _ => println!("  {:>4}  {:>12}  {}", item.rank, item.count, item.key),
+        }
     }
 }
 

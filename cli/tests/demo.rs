@@ -1,5 +1,5 @@
-//! `topk demo` starts without any input, publishes lists, answers point counts and prints the
-//! changing top 5.
+//! `topk demo` starts without any input, publishes lists (a trending one too), answers point
+//! counts and prints the changing top 5.
 
 mod common;
 
@@ -53,6 +53,23 @@ fn demo_serves_and_prints_a_moving_top_five() {
     assert!(
         counts["items"][0]["count"].as_u64() > Some(0),
         "{counts} for {leader}"
+    );
+
+    // The trending list of the demo's manifest, ranked by score.
+    let trending: Value = await_some("a trending list", Duration::from_secs(60), || {
+        let (status, body) = get(&format!(
+            "{}/v1/rankings/api_requests?window=trending",
+            server.base
+        ));
+        (status == 200).then(|| serde_json::from_str(&body).unwrap())
+    });
+    let items = trending["items"].as_array().unwrap();
+    assert!(!items.is_empty(), "{trending}");
+    let scores: Vec<f64> = items.iter().map(|i| i["score"].as_f64().unwrap()).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{trending}");
+    assert!(
+        items.iter().all(|i| i["baseline"].as_u64() >= Some(5)),
+        "{trending}"
     );
 
     let stdout = server.child.stdout.take().unwrap();
