@@ -29,7 +29,9 @@ struct Cluster {
 }
 
 /// One scenario's namespace: on a failure (a panic) prints what is in it and the operator's
-/// logs; on success deletes it, so later scenarios have the node's room.
+/// logs. Then it is deleted, failed or not, so that later scenarios have the node's room (a
+/// failed scenario's pods once kept the CPU the next ones needed, and they failed unscheduled);
+/// `TOPK_E2E_KEEP_FAILED=1` keeps a failed one for a look.
 struct Scenario {
     ns: String,
     system: String,
@@ -72,9 +74,12 @@ impl Drop for Scenario {
                 "--prefix",
                 "--tail=80",
             ]);
-        } else {
-            kubectl_print(&["delete", "namespace", &self.ns, "--wait=false"]);
+            if std::env::var("TOPK_E2E_KEEP_FAILED").is_ok_and(|v| v == "1") {
+                eprintln!("kept namespace {} (TOPK_E2E_KEEP_FAILED=1)", self.ns);
+                return;
+            }
         }
+        kubectl_print(&["delete", "namespace", &self.ns, "--wait=false"]);
     }
 }
 
