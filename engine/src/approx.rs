@@ -12,7 +12,7 @@ use crate::exact::open_bucket;
 use crate::sketch::CountMinSketch;
 use crate::snapshot::{ApproxBucket as SnapBucket, WindowSnapshot};
 use crate::summary::{rank_order, top_k};
-use crate::window::BucketFinder;
+use crate::window::{BucketFinder, Span};
 
 struct ApproxBucket {
     idx: i64,
@@ -27,14 +27,15 @@ pub(crate) type Scored = (u64, String, u64);
 pub(crate) struct ApproxWindow {
     bucket_ms: i64,
     bucket_finder: BucketFinder,
-    span: Option<i64>,
+    span: Span,
     width: u32,
     depth: u32,
     capacity: usize,
     open: VecDeque<ApproxBucket>,
     closed: VecDeque<ApproxBucket>,
     window: CountMinSketch,
-    /// All-time windows fold buckets away; their candidates survive here, per scope.
+    /// All-time and tumbling windows fold buckets away; their candidates survive here, per
+    /// scope.
     retained: Vec<Vec<Scored>>,
     spare: Vec<CountMinSketch>,
     closed_through: i64,
@@ -49,7 +50,7 @@ impl ApproxWindow {
         Self {
             bucket_ms: cfg.bucket_ms,
             bucket_finder: BucketFinder::new(cfg.bucket_ms),
-            span: cfg.buckets(),
+            span: Span::of(cfg),
             width,
             depth,
             capacity,
@@ -147,26 +148,51 @@ impl ApproxWindow {
         if end_idx <= self.closed_through {
             return;
         }
+        // The period the window sum belongs to (a tumbling window's).
+        let mut period = match self.closed_through {
+            i64::MIN => None,
+            through => self.span.period_of(through - 1),
+        };
         self.closed_through = end_idx;
         while self.open.front().is_some_and(|b| b.idx < end_idx) {
             let Some(bucket) = self.open.pop_front() else {
                 break;
             };
+            let bucket_period = self.span.period_of(bucket.idx);
+            if bucket_period > period {
+                self.clear_sum();
+                period = bucket_period;
+            }
             self.window.merge_from(&bucket.sketch);
-            if self.span.is_some() {
+            if self.span.keeps_buckets() {
                 self.closed.push_back(bucket);
             } else {
                 self.retain_candidates(&bucket);
                 self.recycle(bucket);
             }
         }
-        if let Some(span) = self.span {
+        if self.span.period_of(end_idx - 1) > period {
+            // A period started after the last folded bucket: the window is empty again.
+            self.clear_sum();
+        }
+        if let Span::Sliding(span) = self.span {
             while self.closed.front().is_some_and(|b| b.idx < end_idx - span) {
                 let Some(bucket) = self.closed.pop_front() else {
                     break;
                 };
                 self.window.subtract(&bucket.sketch);
                 self.recycle(bucket);
+            }
+        }
+    }
+
+    /// Empties a tumbling window's sum and retained candidates (its period ended).
+    fn clear_sum(&mut self) {
+        self.window.clear();
+        for (scope, retained) in self.retained.iter_mut().enumerate() {
+            if !retained.is_empty() {
+                retained.clear();
+                self.emptied_scopes.push(scope as u32);
             }
         }
     }
@@ -219,7 +245,7 @@ impl ApproxWindow {
 
     /// The top candidates of each scope (by scope id) for the closed window.
     pub(crate) fn top(&self) -> Vec<(u32, Vec<Scored>)> {
-        if self.span.is_none() {
+        if !self.span.keeps_buckets() {
             return self
                 .retained
                 .iter()

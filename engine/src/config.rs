@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::dedupe::DedupeConfig;
 use crate::error::EngineError;
 use crate::trend::{TRENDING, Trend, TrendScore, TrendingConfig};
+use crate::window::Span;
 
 /// Parameters of the approximate mode.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -37,6 +38,9 @@ impl Mode {
     }
 }
 
+/// Appended to a window's name to name its head window ([`WindowConfig::head`]).
+pub const HEAD_SUFFIX: &str = "+head";
+
 /// One ranking window. `length_ms == None` is the all-time window, whose `bucket_ms` is only
 /// its publish cadence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +49,13 @@ pub struct WindowConfig {
     pub name: String,
     pub length_ms: Option<i64>,
     pub bucket_ms: i64,
+    /// Buckets leave all at once when their period of `length_ms` ends ([`Span::Tumbling`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tumbling: bool,
+    /// Set on a head window: the window (whole-hour buckets) whose open bucket this one counts,
+    /// so that the reducer can publish that window's lists at every end of this one's buckets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_of: Option<String>,
 }
 
 impl WindowConfig {
@@ -53,6 +64,8 @@ impl WindowConfig {
             name: name.to_owned(),
             length_ms: Some(length_ms),
             bucket_ms,
+            tumbling: false,
+            head_of: None,
         }
     }
 
@@ -61,6 +74,20 @@ impl WindowConfig {
             name: name.to_owned(),
             length_ms: None,
             bucket_ms: publish_every_ms,
+            tumbling: false,
+            head_of: None,
+        }
+    }
+
+    /// The head window that refreshes this one every `refresh_ms`: it counts this window's
+    /// open bucket so far (tumbling by this window's bucket), in buckets of `refresh_ms`.
+    pub fn head(&self, refresh_ms: i64) -> Self {
+        Self {
+            name: format!("{}{HEAD_SUFFIX}", self.name),
+            length_ms: Some(self.bucket_ms),
+            bucket_ms: refresh_ms,
+            tumbling: true,
+            head_of: Some(self.name.clone()),
         }
     }
 
@@ -99,6 +126,7 @@ pub struct EngineConfig {
 }
 
 pub const DEFAULT_MAX_SCOPE_BYTES: usize = 256;
+const HOUR_MS: i64 = 3_600_000;
 /// Largest estimated sketch memory of one shard in approximate mode.
 pub const MAX_SKETCH_BYTES_PER_SHARD: u128 = 1 << 30;
 pub const DEFAULT_MAX_SCOPES: usize = 10_000;
@@ -139,8 +167,9 @@ impl EngineConfig {
         })
     }
 
-    /// The windows a metric publishes lists of: the configured ones, then the trending list
-    /// (made at its short window's boundaries, so with its length and bucket).
+    /// The windows a metric publishes lists of: the configured ones (head windows too, which
+    /// the reducer publishes as their parents' lists), then the trending list (made at its
+    /// short window's boundaries, so with its length and bucket).
     pub fn lists(&self) -> Vec<WindowConfig> {
         let trending = self.trend().map(|t| WindowConfig {
             name: TRENDING.to_owned(),
@@ -170,7 +199,11 @@ impl EngineConfig {
             .iter()
             .map(|w| {
                 let bucket = w.bucket_ms.max(1);
-                let closed = w.length_ms.map_or(0, |len| len / bucket);
+                // Tumbling and all-time windows fold their closed buckets into the sum.
+                let closed = match Span::of(w) {
+                    Span::Sliding(n) => n,
+                    Span::Tumbling(_) | Span::AllTime => 0,
+                };
                 let open = self.allowed_lateness_ms.max(0) / bucket + 1;
                 sketch * (closed.max(0) as u128 + open as u128 + 1)
             })
@@ -261,8 +294,54 @@ impl EngineConfig {
                 }
             }
         }
+        for w in &self.windows {
+            if let Some(parent) = &w.head_of {
+                self.validate_head(w, parent)?;
+            }
+        }
         if let Some(t) = &self.trending {
             self.validate_trending(t)?;
+        }
+        Ok(())
+    }
+
+    /// A head window must be its parent's [`WindowConfig::head`], and the parent's buckets
+    /// whole hours (the reducer composes the parent's closed hours with the head).
+    fn validate_head(&self, head: &WindowConfig, parent: &str) -> Result<(), EngineError> {
+        let fail = |msg: String| Err(EngineError::InvalidConfig(msg));
+        let Some(p) = self.window_position(parent) else {
+            return fail(format!(
+                "window {:?} is the head of {parent:?}, which is not configured",
+                head.name
+            ));
+        };
+        let parent = &self.windows[p];
+        if parent.head_of.is_some() || parent.tumbling {
+            return fail(format!(
+                "window {:?}: only a sliding or all-time window has a head",
+                parent.name
+            ));
+        }
+        if parent.bucket_ms % HOUR_MS != 0 {
+            return fail(format!(
+                "window {:?}: refresh needs a bucket of whole hours, got {} ms",
+                parent.name, parent.bucket_ms
+            ));
+        }
+        let refresh = head.bucket_ms;
+        if refresh >= parent.bucket_ms || parent.bucket_ms % refresh != 0 {
+            return fail(format!(
+                "window {:?}: refresh ({refresh} ms) must divide its bucket ({} ms) and be shorter",
+                parent.name, parent.bucket_ms
+            ));
+        }
+        if *head != parent.head(refresh) {
+            return fail(format!(
+                "window {:?} is not the head of {:?} (a tumbling window of its bucket named {:?})",
+                head.name,
+                parent.name,
+                parent.head(refresh).name
+            ));
         }
         Ok(())
     }

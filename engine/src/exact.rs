@@ -2,8 +2,9 @@
 //!
 //! Events land in open buckets (those the watermark has not passed). When the watermark passes
 //! a bucket's end, the bucket is folded into the running window totals and, for a sliding
-//! window, kept in a ring until it leaves the window, when it is subtracted. Nothing is ever
-//! rescanned: each event costs one bucket increment, each bucket one fold and one expiry.
+//! window, kept in a ring until it leaves the window, when it is subtracted (a tumbling
+//! window's totals are cleared instead when its period ends). Nothing is ever rescanned: each
+//! event costs one bucket increment, each bucket one fold and one expiry.
 
 use std::collections::VecDeque;
 
@@ -11,7 +12,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::WindowConfig;
 use crate::keys::{KeyTable, NewestSlot};
-use crate::window::BucketFinder;
+use crate::window::{BucketFinder, Span};
 
 struct OpenBucket {
     idx: i64,
@@ -30,7 +31,7 @@ struct ClosedBucket {
 pub(crate) struct ExactWindow {
     bucket_ms: i64,
     bucket_finder: BucketFinder,
-    span: Option<i64>,
+    span: Span,
     open: VecDeque<OpenBucket>,
     closed: VecDeque<ClosedBucket>,
     totals: Vec<u64>,
@@ -49,7 +50,7 @@ impl ExactWindow {
         Self {
             bucket_ms: cfg.bucket_ms,
             bucket_finder: BucketFinder::new(cfg.bucket_ms),
-            span: cfg.buckets(),
+            span: Span::of(cfg),
             open: VecDeque::new(),
             closed: VecDeque::new(),
             totals: Vec::new(),
@@ -169,6 +170,11 @@ impl ExactWindow {
         if end_idx <= self.closed_through {
             return;
         }
+        // The period the folded totals belong to (a tumbling window's).
+        let mut period = match self.closed_through {
+            i64::MIN => None,
+            through => self.span.period_of(through - 1),
+        };
         self.closed_through = end_idx;
         if self.totals.len() < keys.id_space() {
             self.totals.resize(keys.id_space(), 0);
@@ -177,6 +183,11 @@ impl ExactWindow {
             let Some(bucket) = self.open.pop_front() else {
                 break;
             };
+            let bucket_period = self.span.period_of(bucket.idx);
+            if bucket_period > period {
+                self.clear_totals(keys);
+                period = bucket_period;
+            }
             let mut counts = bucket.entries;
             if self.newest == Some(bucket.idx) {
                 self.newest = None;
@@ -192,7 +203,7 @@ impl ExactWindow {
                 bucket_total = bucket_total.saturating_add(cost);
             }
             self.total = self.total.saturating_add(bucket_total);
-            if self.span.is_some() {
+            if self.span.keeps_buckets() {
                 counts.shrink_to_fit();
                 self.closed.push_back(ClosedBucket {
                     idx: bucket.idx,
@@ -205,7 +216,11 @@ impl ExactWindow {
                 }
             }
         }
-        if let Some(span) = self.span {
+        if self.span.period_of(end_idx - 1) > period {
+            // A period started after the last folded bucket: the window is empty again.
+            self.clear_totals(keys);
+        }
+        if let Span::Sliding(span) = self.span {
             while self.closed.front().is_some_and(|b| b.idx < end_idx - span) {
                 let Some(bucket) = self.closed.pop_front() else {
                     break;
@@ -223,6 +238,17 @@ impl ExactWindow {
         }
     }
 
+    /// Empties the folded totals (a tumbling window's period ended).
+    fn clear_totals(&mut self, keys: &mut KeyTable) {
+        for (id, slot) in self.totals.iter_mut().enumerate() {
+            if *slot > 0 {
+                *slot = 0;
+                keys.decref(id as u32);
+            }
+        }
+        self.total = 0;
+    }
+
     /// Key `id`'s count in the closed window.
     pub(crate) fn count_of(&self, id: u32) -> u64 {
         self.totals.get(id as usize).copied().unwrap_or(0)
@@ -237,11 +263,12 @@ impl ExactWindow {
             .map(|(id, c)| (id as u32, *c))
     }
 
-    /// The held buckets as (index, [(key id, count)]), oldest first, for a snapshot. An
-    /// all-time window's folded totals come as one closed bucket just before the boundary.
+    /// The held buckets as (index, [(key id, count)]), oldest first, for a snapshot. The folded
+    /// totals of an all-time or tumbling window come as one closed bucket just before the
+    /// boundary (in the current period).
     pub(crate) fn buckets(&self, keys: &KeyTable) -> Vec<(i64, Vec<(u32, u64)>)> {
         let mut out: Vec<(i64, Vec<(u32, u64)>)> = Vec::new();
-        if self.span.is_none() && self.closed_through != i64::MIN {
+        if !self.span.keeps_buckets() && self.closed_through != i64::MIN {
             let totals: Vec<(u32, u64)> = self.counted().collect();
             if !totals.is_empty() {
                 out.push((self.closed_through - 1, totals));

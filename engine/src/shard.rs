@@ -12,6 +12,7 @@ use crate::sketch::CountMinSketch;
 use crate::snapshot::{ExactBucket, SNAPSHOT_FORMAT, ShardSnapshot, WindowSnapshot};
 use crate::summary::{KeyCount, PointCount, ScopeItems, ShardSummary, rank_order, top_k};
 use crate::trend::{TRENDING, Trend};
+use crate::window::Span;
 
 enum State {
     Exact {
@@ -439,11 +440,12 @@ impl ShardCounter {
 /// The (start, end) of a window whose buckets before `closed_through` are closed; all-time
 /// windows end too, at the boundary their closed buckets reach, and start nowhere.
 fn closed_window(cfg: &WindowConfig, closed_through: i64) -> (Option<i64>, Option<i64>) {
-    let end = match closed_through {
-        i64::MIN => None,
-        idx => Some(idx.saturating_mul(cfg.bucket_ms)),
-    };
-    (end.zip(cfg.length_ms).map(|(end, len)| end - len), end)
+    if closed_through == i64::MIN {
+        return (None, None);
+    }
+    let at = |idx: i64| idx.saturating_mul(cfg.bucket_ms);
+    let start = Span::of(cfg).first_bucket(closed_through).map(at);
+    (start, Some(at(closed_through)))
 }
 
 /// What a shard's state depends on: a snapshot is only restored under the same.

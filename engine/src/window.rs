@@ -1,5 +1,57 @@
 //! Epoch-aligned bucket arithmetic. A bucket `i` of width `b` covers `[i*b, (i+1)*b)`.
 
+use crate::config::WindowConfig;
+
+/// Which closed buckets a window holds at the end `e` (a bucket index: buckets before `e` are
+/// closed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Span {
+    /// The newest `n`: `[e - n, e)`. Each bucket is kept until it leaves, to be subtracted.
+    Sliding(i64),
+    /// Those of the current period of `n` buckets (periods are aligned to the epoch): the
+    /// window grows from its period's start to its end, then starts again empty. Closed buckets
+    /// are folded into the window's sum and dropped; the sum is cleared when a period starts.
+    Tumbling(i64),
+    /// Every bucket ever closed, folded into the sum like a tumbling window's.
+    AllTime,
+}
+
+impl Span {
+    pub fn of(cfg: &WindowConfig) -> Self {
+        match cfg.buckets() {
+            None => Span::AllTime,
+            Some(n) if cfg.tumbling => Span::Tumbling(n),
+            Some(n) => Span::Sliding(n),
+        }
+    }
+
+    /// Whether closed buckets stay in the window one by one (rather than folded into its sum).
+    pub fn keeps_buckets(self) -> bool {
+        matches!(self, Span::Sliding(_))
+    }
+
+    /// The first bucket the window ending at `end_idx` holds; `None` for all-time.
+    pub fn first_bucket(self, end_idx: i64) -> Option<i64> {
+        match self {
+            Span::Sliding(n) => Some(end_idx.saturating_sub(n)),
+            Span::Tumbling(n) => Some(period_start(end_idx.saturating_sub(1), n)),
+            Span::AllTime => None,
+        }
+    }
+
+    /// For a tumbling window, the first bucket of the period holding bucket `idx`.
+    pub fn period_of(self, idx: i64) -> Option<i64> {
+        match self {
+            Span::Tumbling(n) => Some(period_start(idx, n)),
+            Span::Sliding(_) | Span::AllTime => None,
+        }
+    }
+}
+
+fn period_start(idx: i64, n: i64) -> i64 {
+    idx.div_euclid(n).saturating_mul(n)
+}
+
 /// Index of the bucket holding `time_ms`.
 pub fn bucket_index(time_ms: i64, bucket_ms: i64) -> i64 {
     time_ms.div_euclid(bucket_ms)
@@ -67,6 +119,21 @@ mod tests {
         assert_eq!(closed_boundary(-5, 10), -10);
         assert_eq!(boundary_after(20, 10), 30);
         assert_eq!(boundary_after(19, 10), 20);
+    }
+
+    #[test]
+    fn a_tumbling_window_holds_its_period_so_far() {
+        let hour_of_minutes = Span::Tumbling(60);
+        // At the end of a period it holds the whole period; one bucket later only that bucket.
+        assert_eq!(hour_of_minutes.first_bucket(120), Some(60));
+        assert_eq!(hour_of_minutes.first_bucket(121), Some(120));
+        assert_eq!(hour_of_minutes.first_bucket(179), Some(120));
+        assert_eq!(hour_of_minutes.first_bucket(-1), Some(-60));
+        assert_eq!(hour_of_minutes.period_of(119), Some(60));
+        assert_eq!(Span::Sliding(60).first_bucket(121), Some(61));
+        assert_eq!(Span::AllTime.first_bucket(121), None);
+        assert!(Span::Sliding(60).keeps_buckets());
+        assert!(!hour_of_minutes.keeps_buckets());
     }
 
     mod finder {

@@ -130,8 +130,22 @@ fn windows() -> impl Strategy<Value = Vec<WindowConfig>> {
                 WindowConfig::sliding("short", bucket * n, bucket),
                 WindowConfig::sliding("long", bucket * n * 4, bucket * 2),
                 WindowConfig::all_time("all", all_every),
+                WindowConfig {
+                    tumbling: true,
+                    ..WindowConfig::sliding("period", bucket * n * 3, bucket)
+                },
             ]
         })
+}
+
+/// Where the window `w` ending at `end` starts: `length` before it, at the start of its period
+/// (tumbling; a period that ends at `end` is whole), or nowhere (all-time).
+fn window_start(w: &WindowConfig, end: i64) -> i64 {
+    match w.length_ms {
+        None => i64::MIN,
+        Some(len) if w.tumbling => (end - 1).div_euclid(len) * len,
+        Some(len) => end - len,
+    }
 }
 
 fn config(
@@ -192,8 +206,8 @@ fn check_point_counts(
                 );
                 continue;
             };
-            prop_assert_eq!(got.window_start_ms, window.length_ms.map(|len| end - len));
             let start = got.window_start_ms.unwrap_or(i64::MIN);
+            prop_assert_eq!(start, window_start(window, end), "{}", window.name);
             let truth = oracle_counts(good, start, end)
                 .get(scope)
                 .and_then(|c| c.get(&key).copied())
@@ -275,6 +289,8 @@ proptest! {
 
         for p in streaming.iter().chain(&last) {
             let (start, end) = covered(p, &cfg);
+            let w = cfg.windows.iter().find(|w| w.name == p.ranking.window).unwrap();
+            prop_assert_eq!(start, window_start(w, end), "{}", w.name);
             let counts = oracle_counts(&good, start, end);
             let want = counts.get(&p.ranking.scope).map(|c| oracle_top(c, k)).unwrap_or_default();
             let got: Vec<(String, u64)> = p.ranking.items.iter().map(|i| (i.key.clone(), i.count)).collect();
@@ -286,7 +302,7 @@ proptest! {
         let max_t = good.iter().map(|e| e.time_ms).max().unwrap();
         for w in &cfg.windows {
             let end = boundary_after(max_t, w.bucket_ms);
-            let scopes = oracle_counts(&good, w.length_ms.map_or(i64::MIN, |l| end - l), end);
+            let scopes = oracle_counts(&good, window_start(w, end), end);
             for (scope, counts) in &scopes {
                 let listed = last.iter().find(|p| p.ranking.window == w.name && &p.ranking.scope == scope);
                 prop_assert!(listed.is_some(), "no final list for {} {:?}", w.name, scope);

@@ -29,6 +29,10 @@ fn config(mode: Mode) -> EngineConfig {
             WindowConfig::sliding("short", 40, 10),
             WindowConfig::sliding("long", 120, 20),
             WindowConfig::all_time("all", 50),
+            WindowConfig {
+                tumbling: true,
+                ..WindowConfig::sliding("period", 100, 10)
+            },
         ],
         trending: None,
     }
