@@ -444,8 +444,8 @@ impl DataPlaneConfig {
         } else {
             &self.kafka
         };
-        // Only workers dedupe, and only workers and reducers make trending lists: a change to
-        // either restarts nothing else.
+        // Only workers dedupe, and only workers and reducers make trending lists and count
+        // refreshed windows' heads: a change to either restarts nothing else.
         let trimmed;
         let engine = match component {
             Component::Worker => &self.engine,
@@ -460,6 +460,10 @@ impl DataPlaneConfig {
                 trimmed = EngineConfig {
                     dedupe: None,
                     trending: None,
+                    windows: (self.engine.windows.iter())
+                        .filter(|w| w.head_of.is_none())
+                        .cloned()
+                        .collect(),
                     ..self.engine.clone()
                 };
                 &trimmed
@@ -775,6 +779,12 @@ mod tests {
                 "/windows/0/bucket",
                 json!("2m"),
                 Restarts(ALL),
+            ),
+            (
+                "windows[].refresh",
+                "/windows/4/refresh",
+                json!("5m"),
+                Restarts(&[Component::Worker, Component::Reducer]),
             ),
             (
                 "windows[].allTime",
@@ -1155,7 +1165,7 @@ mod tests {
                 {"name": "all", "allTime": true, "bucket": "1h"},
                 {"name": "5m", "length": "5m", "bucket": "1m"},
                 {"name": "2h", "length": "2h", "bucket": "1m"},
-                {"name": "1d", "length": "24h", "bucket": "1h"},
+                {"name": "1d", "length": "24h", "bucket": "1h", "refresh": "1m"},
             ],
             "trending": {"window": "5m", "baseline": "2h", "minCount": 5, "smoothing": 1.0},
             "workers": {"replicas": 2, "checkpointInterval": "5s", "snapshotInterval": "60s", "idleTimeout": "30s", "handoffWait": "30s", "maxSummaryRecordBytes": 65536,
@@ -1234,6 +1244,14 @@ mod tests {
                 spec["source"]["partitionedBy"] = json!("key");
                 spec.as_object_mut().expect("object").remove("combiners");
                 spec["dedupe"] = json!({"horizon": "1m", "maxIdsPerShard": 1000});
+                spec
+            } else if path == "recount.enabled" {
+                // A refreshed window needs recounts.
+                let mut spec = full.clone();
+                spec["windows"][4]
+                    .as_object_mut()
+                    .expect("object")
+                    .remove("refresh");
                 spec
             } else {
                 full.clone()

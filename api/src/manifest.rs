@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use topk_engine::config::{HEAD_SUFFIX, HOUR_MS};
 use topk_engine::dedupe::DedupeConfig;
 use topk_engine::trend::TrendingConfig;
 use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
@@ -438,6 +439,11 @@ pub struct WindowSpec {
     pub bucket: Option<Duration>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub all_time: bool,
+    /// Of a window whose bucket is whole hours: also publish its lists every `refresh` (e.g.
+    /// 1m), made of its closed hours (exact once recounted) and the open hour so far, so the
+    /// head moves every refresh while the tail drops an hour at a time. Needs recount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -911,6 +917,33 @@ impl TopKMetricSpec {
             .unwrap_or(DEFAULT_MIN_RECALL)
     }
 
+    /// What is wrong with `refresh` on window `w`, if anything.
+    fn refresh_problem(&self, w: &WindowSpec, refresh: Duration) -> Option<String> {
+        let bucket = if w.all_time {
+            w.bucket.unwrap_or(DEFAULT_ALL_TIME_PUBLISH)
+        } else {
+            w.bucket?
+        };
+        let (refresh_ms, bucket_ms) = (refresh.as_millis(), bucket.as_millis());
+        if bucket_ms <= 0 || bucket_ms % HOUR_MS != 0 {
+            return Some(format!(
+                "refresh needs a bucket of whole hours (the window is made of clock hours), got {bucket}"
+            ));
+        }
+        if refresh_ms <= 0 || refresh_ms >= bucket_ms || bucket_ms % refresh_ms != 0 {
+            return Some(format!(
+                "refresh {refresh} must be shorter than the bucket {bucket} and divide it, e.g. 1m"
+            ));
+        }
+        if !self.recount_settings().enabled {
+            return Some(
+                "refresh composes recounted hours with the open one; enable recount or remove refresh"
+                    .to_owned(),
+            );
+        }
+        None
+    }
+
     /// Validates the spec and turns it into the engine's configuration. Every problem found is
     /// reported at once, each naming the field and what to change.
     pub fn engine_config(&self) -> Result<EngineConfig, ApiError> {
@@ -1123,10 +1156,22 @@ impl TopKMetricSpec {
             problems.push("spec.windows needs at least one window".to_owned());
         }
         let mut windows = Vec::new();
+        let mut heads = Vec::new();
         for (i, w) in self.windows.iter().enumerate() {
             let at = format!("spec.windows[{i}] ({:?})", w.name);
             if w.name.is_empty() {
                 problems.push(format!("spec.windows[{i}].name must not be empty"));
+            }
+            if w.name.ends_with(HEAD_SUFFIX) {
+                problems.push(format!(
+                    "{at}: names ending in {HEAD_SUFFIX:?} are reserved for refreshed windows' heads"
+                ));
+            }
+            if let Some(refresh) = w.refresh {
+                match self.refresh_problem(w, refresh) {
+                    Some(problem) => problems.push(format!("{at}: {problem}")),
+                    None => heads.push((w.name.clone(), refresh.as_millis())),
+                }
             }
             if w.name.len() > MAX_WINDOW_NAME {
                 problems.push(format!(
@@ -1176,6 +1221,12 @@ impl TopKMetricSpec {
                 length.as_millis(),
                 bucket.as_millis(),
             ));
+        }
+        // Heads after every configured window, so those keep their positions.
+        for (parent, refresh) in heads {
+            if let Some(w) = windows.iter().find(|w| w.name == parent) {
+                windows.push(w.head(refresh));
+            }
         }
         if !problems.is_empty() {
             return Err(ApiError::Invalid(problems));
@@ -1403,6 +1454,71 @@ spec:
         let metric = load_manifest(&any).unwrap();
         assert!(metric.spec.combines());
         assert!(metric.spec.engine_config().is_ok());
+    }
+
+    #[test]
+    fn a_refreshed_window_gets_a_head_window_after_the_configured_ones() {
+        let refreshed = ISSUE_EXAMPLE.replace(
+            "{name: all, allTime: true}",
+            "{name: 24h, length: 24h, bucket: 1h, refresh: 1m}\n    - {name: all, allTime: true, bucket: 1h, refresh: 5m}",
+        );
+        let cfg = load_manifest(&refreshed)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap();
+        let names: Vec<&str> = cfg.windows.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["1m", "1h", "24h", "all", "24h+head", "all+head"]);
+        assert_eq!(
+            cfg.windows[4],
+            WindowConfig {
+                name: "24h+head".into(),
+                length_ms: Some(HOUR_MS),
+                bucket_ms: 60_000,
+                tumbling: true,
+                head_of: Some("24h".into()),
+            }
+        );
+        assert_eq!(cfg.windows[5].bucket_ms, 300_000);
+        for (window, want) in [
+            (
+                "{name: 24h, length: 24h, bucket: 30m, refresh: 1m}",
+                "refresh needs a bucket of whole hours",
+            ),
+            (
+                "{name: 24h, length: 24h, bucket: 1h, refresh: 7m}",
+                "refresh 7m must be shorter than the bucket 1h and divide it",
+            ),
+            (
+                "{name: 24h, length: 24h, bucket: 1h, refresh: 1h}",
+                "must be shorter than the bucket",
+            ),
+            (
+                "{name: all, allTime: true, refresh: 10s}",
+                "refresh needs a bucket of whole hours",
+            ),
+            (
+                "{name: 24h+head, length: 24h, bucket: 1h}",
+                "reserved for refreshed windows' heads",
+            ),
+        ] {
+            let yaml = ISSUE_EXAMPLE.replace("{name: all, allTime: true}", window);
+            let err = load_manifest(&yaml)
+                .unwrap()
+                .spec
+                .engine_config()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{window}: missing {want:?} in {err}");
+        }
+        let without_recount = format!("{refreshed}  recount: {{enabled: false}}\n");
+        let err = load_manifest(&without_recount)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("enable recount or remove refresh"), "{err}");
     }
 
     #[test]

@@ -126,7 +126,8 @@ pub struct EngineConfig {
 }
 
 pub const DEFAULT_MAX_SCOPE_BYTES: usize = 256;
-const HOUR_MS: i64 = 3_600_000;
+/// One clock hour: the unit exact recounts and composed lists are made of.
+pub const HOUR_MS: i64 = 3_600_000;
 /// Largest estimated sketch memory of one shard in approximate mode.
 pub const MAX_SKETCH_BYTES_PER_SHARD: u128 = 1 << 30;
 pub const DEFAULT_MAX_SCOPES: usize = 10_000;

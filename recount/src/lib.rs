@@ -26,7 +26,7 @@ use topk_runtime::output::{ChunkedWrite, DeliveryCounter};
 pub use counter::HourCounter;
 pub use error::Error;
 
-const HOUR_MS: i64 = 3_600_000;
+use topk_engine::config::HOUR_MS;
 /// Chunks stay well under Kafka's default 1 MB message limit.
 const CHUNK_BYTES: usize = 512 * 1024;
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);

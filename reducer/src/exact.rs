@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use topk_engine::summary::{KeyCount, rank_order, top_k};
 use topk_engine::{RankedItem, Ranking};
 
-pub const HOUR_MS: i64 = 3_600_000;
+pub use topk_engine::config::HOUR_MS;
 
 /// The streaming list of one clock hour: every candidate the shards sent, merged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
