@@ -27,6 +27,13 @@ const WAIT: Duration = Duration::from_secs(120);
 /// Times `song-0` is re-delivered in the second hour.
 const REDELIVERED: u64 = 100;
 
+/// The windows of the exact path's metric.
+const LONG_WINDOWS: &str = r#"
+  - {name: 1h, length: 1h, bucket: 5m}
+  - {name: 24h, length: 24h, bucket: 1h}
+  - {name: all, allTime: true, bucket: 1h}
+"#;
+
 fn manifest(name: &str, env: &TestEnv, topic: &str) -> String {
     manifest_with(
         name,
@@ -39,11 +46,13 @@ allowedLateness: 1s
 recount: {grace: 1m}
 workers: {checkpointInterval: 200ms, idleTimeout: 1s}
 "#,
+        LONG_WINDOWS,
     )
 }
 
-/// The exact path's metric with `counting` (mode, lateness, dedupe, workers) in its spec.
-fn manifest_with(name: &str, env: &TestEnv, topic: &str, counting: &str) -> String {
+/// The exact path's metric with `counting` (mode, lateness, dedupe, workers) and `windows` in
+/// its spec.
+fn manifest_with(name: &str, env: &TestEnv, topic: &str, counting: &str, windows: &str) -> String {
     let secure = &env.secure_kafka;
     let internal = secure.oauth_cluster(&secure.sasl_bootstrap, &secure.oauth_token_url);
     metric_manifest_from(
@@ -57,11 +66,10 @@ shards: {SHARDS}
 k: {K}
 {}
 windows:
-  - {{name: 1h, length: 1h, bucket: 5m}}
-  - {{name: 24h, length: 24h, bucket: 1h}}
-  - {{name: all, allTime: true, bucket: 1h}}
+{}
 "#,
-            counting.trim_matches('\n')
+            counting.trim_matches('\n'),
+            windows.trim_matches('\n'),
         ),
     )
 }
@@ -122,6 +130,26 @@ fn send(producer: &ThreadedProducer<DefaultProducerContext>, topic: &str, event:
                 .timestamp(*time),
         )
         .expect("enqueue");
+}
+
+/// Runs `topk recount` for the hour starting at `hour` (its manifest in `dir`'s
+/// termination-log) and waits for it to succeed.
+fn recount(stack: &common::Stack, dir: &std::path::Path, hour: i64) {
+    let out = common::topk()
+        .args(["recount", "--config", &stack.config])
+        .args(["--hour", &format_rfc3339_ms(hour)])
+        .args(stack.secrets_args())
+        .arg("--spill-dir")
+        .arg(dir.join("spill"))
+        .arg("--termination-log")
+        .arg(dir.join("termination-log"))
+        .output()
+        .expect("run topk recount");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The exact top k per scope of counts.
@@ -223,22 +251,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     }
 
     for h in 0..3 {
-        let hour = format_rfc3339_ms(first_hour + h * HOUR);
-        let out = common::topk()
-            .args(["recount", "--config", &stack.config])
-            .args(["--hour", &hour])
-            .args(stack.secrets_args())
-            .arg("--spill-dir")
-            .arg(dir.path().join("spill"))
-            .arg("--termination-log")
-            .arg(dir.path().join("termination-log"))
-            .output()
-            .expect("run topk recount");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        recount(&stack, dir.path(), first_hour + h * HOUR);
         let until = format_rfc3339_ms(first_hour + (h + 1) * HOUR);
         for window in ["24h", "all"] {
             let composed =
@@ -351,7 +364,7 @@ workers: {checkpointInterval: 200ms, idleTimeout: 4h}
 "#;
     let config = common::rendered_config(
         dir.path(),
-        &manifest_with(&name, &env, &input, counting),
+        &manifest_with(&name, &env, &input, counting, LONG_WINDOWS),
         ns,
     );
     let secrets = dir.path().join("kafka-secrets");
@@ -507,19 +520,7 @@ workers: {checkpointInterval: 200ms, idleTimeout: 4h}
     }
 
     for h in 0..2 {
-        let out = common::topk()
-            .args(["recount", "--config", &stack.config])
-            .args(["--hour", &format_rfc3339_ms(first_hour + h * HOUR)])
-            .args(stack.secrets_args())
-            .arg("--spill-dir")
-            .arg(dir.path().join("spill"))
-            .output()
-            .expect("run topk recount");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        recount(&stack, dir.path(), first_hour + h * HOUR);
     }
     let grades = common::await_some("two graded hours", WAIT, || {
         let (status, body) = common::get(&format!("{}/v1/grades", stack.reducer.base));
@@ -533,4 +534,168 @@ workers: {checkpointInterval: 200ms, idleTimeout: 4h}
         assert_eq!(grade["boundViolated"], false, "{grade}");
         assert_eq!(grade["maxRankDisplacement"], 0, "{grade}");
     }
+}
+
+/// Per (scope, key), the events of `events` in `[start, end)` (all before `end` without a start).
+fn counts_in(events: &[Event], start: Option<i64>, end: i64) -> BTreeMap<(String, String), u64> {
+    let mut counts = BTreeMap::new();
+    for (time, scope, key, _) in events {
+        if start.is_none_or(|s| *time >= s) && *time < end {
+            *counts
+                .entry(((*scope).to_owned(), key.clone()))
+                .or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// A key of the global scope on each shard, played once at `time`: it moves every shard's
+/// watermark past `time` minus the lateness.
+fn closers(time: i64, round: &str) -> Vec<Event> {
+    (0..SHARDS)
+        .map(|shard| {
+            let key = (0..)
+                .map(|i| format!("closer-{i}"))
+                .find(|k| topk_engine::partition::shard_for("plays", "", k, SHARDS) == shard)
+                .expect("a key for the shard");
+            (time, "", key, format!("closer-{round}-{shard}"))
+        })
+        .collect()
+}
+
+/// A refreshed 24h (and all-time) list moves its head every minute on the operator's rendered
+/// config: two recounted hours plus the open hour's minutes so far, labelled from the hour that
+/// the next hour end will keep, recounted until the open hour, equal to a brute-force count of
+/// the events in its range; a key rising in the open hour climbs it minute by minute.
+#[test]
+fn a_refreshed_list_moves_its_head_every_minute_over_recounted_hours() {
+    let Some(env) = TestEnv::get("minute-fresh long lists") else {
+        return;
+    };
+    let ns = "refresh";
+    let (name, input, dir) = metric_topics(&env, ns);
+    // No other 1h window: the 24h list's head gives the streaming hours too.
+    let windows = r#"
+  - {name: 24h, length: 24h, bucket: 1h, refresh: 1m}
+  - {name: all, allTime: true, bucket: 1h, refresh: 1m}
+"#;
+    let counting = r#"
+mode: exact
+allowedLateness: 1s
+recount: {grace: 1m}
+workers: {checkpointInterval: 200ms, idleTimeout: 4h}
+"#;
+    let config = common::rendered_config(
+        dir.path(),
+        &manifest_with(&name, &env, &input, counting, windows),
+        ns,
+    );
+    let secrets = dir.path().join("kafka-secrets");
+    env.secure_kafka.write_secret_files(&secrets);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    // Two closed hours, then the first minutes of a third, all in the past.
+    let first_hour = now.div_euclid(HOUR) * HOUR - 3 * HOUR;
+    let open_hour = first_hour + 2 * HOUR;
+    const MINUTE: i64 = 60_000;
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    let mut sent: Vec<Event> = Vec::new();
+    let send_all = |events: Vec<Event>, sent: &mut Vec<Event>| {
+        for event in events {
+            send(&producer, &input, &event);
+            sent.push(event);
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    };
+    // `riser` is played `plays` times in minute `m` of the open hour.
+    let rising = |m: i64, plays: i64| -> Vec<Event> {
+        (0..plays)
+            .map(|i| {
+                let time = open_hour + m * MINUTE + 5_000 + i * 500;
+                (time, "", "riser".to_owned(), format!("riser-{m}-{i}"))
+            })
+            .collect()
+    };
+    let mut round = (0..2)
+        .flat_map(|h| hour_events(first_hour + h * HOUR, h))
+        .collect::<Vec<_>>();
+    round.extend(rising(0, 65));
+    round.extend(closers(open_hour + MINUTE + 2_000, "a"));
+    send_all(round, &mut sent);
+
+    let stack = common::Stack::start_with(dir.path(), &config, Some(&secrets));
+    let _workers = [stack.worker(0), stack.worker(1)];
+    let list = |window: &str, scope: &str, end: i64| -> Option<Value> {
+        let (status, body) = common::get(&format!(
+            "{}/v1/rankings/plays?window={window}&scope={scope}",
+            stack.reducer.base
+        ));
+        (status == 200)
+            .then(|| serde_json::from_str::<Value>(&body).expect("json"))
+            .filter(|l| l["windowEnd"].as_str() == Some(format_rfc3339_ms(end).as_str()))
+    };
+    // The hours close first (streaming): their own lists at the open hour's start.
+    common::await_some("the 24h list at the open hour's start", WAIT, || {
+        list("24h", "", open_hour)
+    });
+    for h in 0..2 {
+        recount(&stack, dir.path(), first_hour + h * HOUR);
+    }
+    let mut riser_ranks = Vec::new();
+    for minute in [1, 2] {
+        let end = open_hour + minute * MINUTE;
+        for (window, start) in [("24h", Some(open_hour + HOUR - 24 * HOUR)), ("all", None)] {
+            let counts = counts_in(&sent, start, end);
+            for scope in ["", "eu"] {
+                let served = common::await_some(
+                    &format!("the {window} {scope:?} list ending at minute {minute}"),
+                    WAIT,
+                    || list(window, scope, end),
+                );
+                assert_eq!(served["mode"], "exact", "{served}");
+                assert_eq!(
+                    served["windowStart"].as_str().map(str::to_owned),
+                    start.map(format_rfc3339_ms),
+                    "{served}"
+                );
+                // Exact mode: the whole list is exact (the recount only removes re-deliveries).
+                assert_eq!(served["exactUntil"], served["windowEnd"], "{served}");
+                assert_eq!(served["maxOvercount"], 0, "{served}");
+                assert_eq!(
+                    list_items(&served),
+                    top(&counts, scope),
+                    "{window} {scope:?} at minute {minute}: {served}"
+                );
+                if window == "24h" && scope.is_empty() {
+                    riser_ranks.push(list_items(&served).iter().position(|i| i.0 == "riser"));
+                }
+            }
+        }
+        // The recounted part ends where the open hour begins.
+        let (_, metrics) = common::get(&format!("{}/metrics", stack.reducer.base));
+        for window in ["24h", "all"] {
+            let sample = format!("topk_reducer_exact_until_seconds{{window=\"{window}\"}}");
+            assert_eq!(
+                common::metric(&metrics, &sample),
+                Some((open_hour / 1000) as f64),
+                "{sample}"
+            );
+        }
+        // The next minute: the riser again, and every shard's watermark past its end.
+        let mut next = rising(minute, 60);
+        next.extend(closers(
+            open_hour + (minute + 1) * MINUTE + 2_000,
+            &format!("{minute}"),
+        ));
+        send_all(next, &mut sent);
+    }
+    // 65 plays: fourth, below song-8 (91), song-7 (81) and song-6 (71); then 125: first.
+    assert_eq!(riser_ranks, [Some(3), Some(0)]);
 }

@@ -1183,7 +1183,7 @@ async fn an_hourly_recount_advances_exact_until() {
             2,
             &[("topk.io/recount-from", from.as_str())],
             // Not the defaults (5m, 1000000): the Jobs must run with these.
-            "recount: {grace: 7m, maxInMemory: 5000}",
+            "recount: {grace: 7m, maxInMemory: 5000}\nwindows:\n  - {name: 1h, length: 1h, bucket: 1m}\n  - {name: 24h, length: 24h, bucket: 1h, refresh: 1m}",
         )
         .await;
     let second_hour = k8s_openapi::jiff::Timestamp::from_millisecond(hour + 3_600_000)
@@ -1213,6 +1213,35 @@ async fn an_hourly_recount_advances_exact_until() {
         (420_000, 5_000),
         "{last:?}"
     );
+    // The refreshed 24h list: once both past hours are known (the second one is recounted a
+    // grace after the current hour began, unless its streaming list came first), it is
+    // published every minute; the window's own ends are on the hour.
+    let refreshed = |after: Option<String>| {
+        let (cluster, ns) = (&cluster, &ns);
+        async move {
+            let list = cluster.list(ns, "plays", "24h").await?;
+            let end = list["windowEnd"].as_str()?.to_owned();
+            let between_hours =
+                topk_engine::event::parse_rfc3339_ms(&end).is_some_and(|ms| ms % 3_600_000 != 0);
+            (between_hours && after.is_none_or(|a| end > a)).then_some(list)
+        }
+    };
+    let first = await_some(
+        "a 24h list ending between hours",
+        WAIT + Duration::from_secs(480),
+        || refreshed(None),
+    )
+    .await;
+    // Six keys played once: the first five by name.
+    let mut want: Vec<(String, u64)> = keys.iter().map(|k| (k.clone(), 1)).collect();
+    want.sort();
+    want.truncate(5);
+    assert_eq!(items(&first), want, "{first}");
+    let first_end = first["windowEnd"].as_str().map(str::to_owned);
+    await_some("the 24h list's head a minute later", WAIT, || {
+        refreshed(first_end.clone())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -107,6 +107,35 @@ pub fn plan_hours(
     (!plan.exact.is_empty()).then_some(plan)
 }
 
+/// Where a refreshed window's list at `end` (between two of its bucket ends) starts: where
+/// its list at the next bucket end will, so that the tail drops a whole bucket at a time while
+/// the head moves every refresh. `None` for an all-time window.
+pub fn refreshed_start(length: Option<i64>, bucket: i64, end: i64) -> Option<i64> {
+    let next_end = end.div_euclid(bucket) * bucket + bucket;
+    length.map(|length| next_end - length)
+}
+
+/// The closed hours `[start, end)` of a long window's list ending at `end`: all of it, or,
+/// for a refreshed list, what comes before its head (which starts at `head_start`). An
+/// all-time window starts at the first hour with data (`None` before any).
+pub fn closed_part(
+    length: Option<i64>,
+    bucket: i64,
+    end: i64,
+    head_start: Option<i64>,
+    first_data_hour: Option<i64>,
+) -> Option<(i64, i64)> {
+    let (start, closed_end) = match head_start {
+        Some(head) => (refreshed_start(length, bucket, end), head),
+        None => (length.map(|length| end - length), end),
+    };
+    match (start, first_data_hour) {
+        (Some(start), _) => Some((start, closed_end)),
+        (None, Some(first)) => Some((first.min(closed_end), closed_end)),
+        (None, None) => None,
+    }
+}
+
 /// Everything a long list of one window end is made of, besides the exact counts.
 pub struct LongParts<'a> {
     /// The window's own streaming lists (one per scope): their keys are candidates too, and
@@ -349,6 +378,30 @@ mod tests {
             total: items.iter().map(|i| i.1).sum(),
             scopes: BTreeMap::from([(String::new(), kc(items))]),
         }
+    }
+
+    #[test]
+    fn a_refreshed_list_drops_its_tail_an_hour_at_a_time() {
+        let day = Some(24 * H);
+        // At 10:42 the 24h list covers 11:00 yesterday to 10:42: closed hours up to 10:00.
+        let end = 10 * H + 42 * 60_000;
+        assert_eq!(refreshed_start(day, H, end), Some(-13 * H));
+        assert_eq!(
+            closed_part(day, H, end, Some(10 * H), None),
+            Some((-13 * H, 10 * H))
+        );
+        // At 11:00 its own list: the 24 hours before.
+        assert_eq!(
+            closed_part(day, H, 11 * H, None, None),
+            Some((-13 * H, 11 * H))
+        );
+        // All-time: from the first hour with data, nothing before any.
+        assert_eq!(
+            closed_part(None, H, end, Some(10 * H), Some(3 * H)),
+            Some((3 * H, 10 * H))
+        );
+        assert_eq!(closed_part(None, H, end, Some(10 * H), None), None);
+        assert_eq!(refreshed_start(None, H, end), None);
     }
 
     #[test]

@@ -22,7 +22,9 @@ use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
 use topk_query::Served;
 
 use crate::error::Error;
-use crate::exact::{Grade, HOUR_MS, LongParts, compose, grade, plan_hours, union_tops};
+use crate::exact::{
+    Grade, HOUR_MS, LongParts, closed_part, compose, grade, plan_hours, refreshed_start, union_tops,
+};
 use crate::hours::{Hours, Ingested};
 use crate::metrics::{MissingLabel, ReducerMetrics, WindowLabel};
 use crate::state::{Publication, ReducerConfig, ReducerState};
@@ -119,8 +121,8 @@ pub struct Reducer {
     /// was published (Unix ms): once older than `keep_for` the list is deleted (its scope
     /// expired from the shards).
     empty_lists: BTreeMap<(String, String), i64>,
-    /// Per composable window, its last publication as merged from the summaries, composed
-    /// again when an hour in it becomes exact.
+    /// Per composable window, its last publication as merged from the summaries (or, for a
+    /// refreshed window, its head's), composed again when an hour in it becomes exact.
     last_streaming: BTreeMap<usize, Publication>,
 }
 
@@ -158,7 +160,7 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
         }
         Err(err) => return Err(err),
     };
-    let served = Served::new(metric, settings.merge.windows.clone(), settings.merge.k)
+    let served = Served::new(metric, settings.merge.served_windows(), settings.merge.k)
         .with_history(store.clone());
     served.put(latest);
     let shared = Arc::new(Shared {
@@ -461,38 +463,63 @@ impl Reducer {
     }
 
     /// Writes the versions, then moves the pointers (with the new resume offset), then serves
-    /// them. Lists of composable windows are first made of their exact and open hours. A
-    /// `republish` (an hour became exact) does not count as news from the shards.
-    fn publish(
-        &mut self,
-        mut publications: Vec<Publication>,
-        republish: bool,
-    ) -> Result<(), Error> {
+    /// them. Lists of composable windows are first made of their exact and open hours; a head
+    /// window's publication becomes its parent's list at the head's end. A `republish` (an hour
+    /// became exact) does not count as news from the shards.
+    fn publish(&mut self, publications: Vec<Publication>, republish: bool) -> Result<(), Error> {
         let started = Instant::now();
         let as_of = format_rfc3339_ms(now_ms());
         let mut records = Vec::new();
         let mut meta = Meta::default();
-        for publication in &mut publications {
+        let mut kept = Vec::with_capacity(publications.len());
+        for mut publication in publications {
             meta.published_ends
                 .insert(publication.window.clone(), publication.window_end_ms);
-            let Some(w) = self
+            let Some(mut w) = self
                 .settings
                 .merge
                 .windows
                 .iter()
                 .position(|n| *n == publication.window)
             else {
+                kept.push(publication);
                 continue;
             };
             if !republish {
                 self.last_published[w] = Instant::now();
             }
-            if self.settings.composable(w) {
-                self.last_streaming.insert(w, publication.clone());
-                if let Some((rankings, until)) = self.compose_window(w, publication)? {
-                    publication.rankings = rankings;
-                    publication.exact_until_ms = until;
+            if let Some(parent) = self.settings.merge.parent_of(w) {
+                let Some(refreshed) = self.as_parent(parent, publication) else {
+                    continue;
+                };
+                (publication, w) = (refreshed, parent);
+                if !republish {
+                    self.last_published[w] = Instant::now();
                 }
+            }
+            if self.settings.composable(w) {
+                // A re-merge of an hour end (the deny list changed) older than the refreshed
+                // list already served is made of that newer list instead.
+                if let Some(newer) = self
+                    .last_streaming
+                    .get(&w)
+                    .filter(|last| last.window_end_ms > publication.window_end_ms)
+                {
+                    publication = newer.clone();
+                }
+                self.last_streaming.insert(w, publication.clone());
+                match self.compose_window(w, &publication)? {
+                    Some((rankings, until)) => {
+                        publication.rankings = rankings;
+                        publication.exact_until_ms = until;
+                    }
+                    // A refreshed list is only ever composed: until it can be, the window
+                    // moves at its own ends.
+                    None if publication.head.is_some() => continue,
+                    None => {}
+                }
+                meta.published_ends
+                    .insert(publication.window.clone(), publication.window_end_ms);
                 if let Some(until) = publication.exact_until_ms {
                     self.shared
                         .metrics
@@ -503,7 +530,9 @@ impl Reducer {
                         .set(until / 1000);
                 }
             }
+            kept.push(publication);
         }
+        let publications = kept;
         for publication in &publications {
             for ranking in &publication.rankings {
                 records.push(RankingRecord {
@@ -555,22 +584,55 @@ impl Reducer {
         Ok(())
     }
 
+    /// A head window's publication (the parent's open bucket so far) as its parent `parent`'s
+    /// list at the same end: renamed, starting where the parent's list at that end starts (the
+    /// tail drops a whole bucket at a time). `None` at the parent's own ends (it publishes those
+    /// itself) and when the parent already has a newer list.
+    fn as_parent(&self, parent: usize, mut publication: Publication) -> Option<Publication> {
+        let merge = &self.settings.merge;
+        let bucket = self.settings.bucket_ms[parent];
+        let end = publication.window_end_ms;
+        let newer = self
+            .last_streaming
+            .get(&parent)
+            .is_some_and(|last| last.window_end_ms > end);
+        if end.rem_euclid(bucket) == 0 || newer {
+            return None;
+        }
+        let start = refreshed_start(merge.window_lengths[parent], bucket, end);
+        publication.window = merge.windows[parent].clone();
+        for ranking in &mut publication.rankings {
+            ranking.window = publication.window.clone();
+            ranking.window_start_ms = start;
+        }
+        Some(publication)
+    }
+
+    /// The hours `[start, end)` of a composable window's publication that are closed (the
+    /// rest, of a refreshed list, is its head); `None` for an all-time window with no data.
+    fn closed_hours(&self, w: usize, publication: &Publication) -> Option<(i64, i64)> {
+        closed_part(
+            self.settings.merge.window_lengths[w],
+            self.settings.bucket_ms[w],
+            publication.window_end_ms,
+            publication.head.as_ref().map(|head| head.hour_ms),
+            self.hours.first_data_hour(),
+        )
+    }
+
     /// A long window's lists at one end as exact closed hours plus the open hours' streaming
-    /// estimates, with the end of the exact run; `None` keeps the streaming lists (no hour of
-    /// the window is exact yet, or one is unknown).
+    /// estimates (and, for a refreshed list, its head's), with the end of the exact run; `None`
+    /// keeps the streaming lists (no hour of the window is exact yet, or one is unknown).
     fn compose_window(
         &self,
         w: usize,
         publication: &Publication,
     ) -> Result<Option<Composed>, Error> {
         let hours = &self.hours;
-        let end = publication.window_end_ms;
         let first = hours.first_data_hour();
         let all_time = self.settings.merge.window_lengths[w].is_none();
-        let start = match (self.settings.merge.window_lengths[w], first) {
-            (Some(length), _) => end - length,
-            (None, Some(first)) => first.min(end),
-            (None, None) => return Ok(None),
+        let Some((start, end)) = self.closed_hours(w, publication) else {
+            return Ok(None);
         };
         let Some(plan) = plan_hours(start, end, first, |h| hours.state(h)) else {
             return Ok(None);
@@ -579,13 +641,14 @@ impl Reducer {
         if all_time && hours.newest_exact().is_some_and(|h| h >= end) {
             return Ok(None);
         }
-        let mut open = Vec::with_capacity(plan.open.len());
+        let mut open = Vec::with_capacity(plan.open.len() + 1);
         for hour in &plan.open {
             match hours.streaming(*hour)? {
                 Some(list) => open.push(list),
                 None => return Ok(None),
             }
         }
+        open.extend(publication.head.clone());
         let denied = |key: &str| self.state.denied(key);
         let k = self.settings.merge.k;
         let rankings = if all_time {
@@ -686,9 +749,8 @@ impl Reducer {
             .last_streaming
             .iter()
             .filter(|(w, p)| {
-                let start = self.settings.merge.window_lengths[**w]
-                    .map_or(i64::MIN, |length| p.window_end_ms.saturating_sub(length));
-                (start..p.window_end_ms).contains(&hour)
+                self.closed_hours(**w, p)
+                    .is_none_or(|(start, end)| (start..end).contains(&hour))
             })
             .map(|(_, p)| p.clone())
             .collect();

@@ -37,6 +37,9 @@ pub struct ReducerConfig {
     pub window_lengths: Vec<Option<i64>>,
     /// When set, the last of `windows` is the trending list, its summaries ordered by this.
     pub trending: Option<TrendScore>,
+    /// Head windows (by position) and the window each refreshes: their lists are not served,
+    /// they are composed into their parent's lists.
+    pub heads: BTreeMap<usize, usize>,
 }
 
 impl ReducerConfig {
@@ -51,7 +54,28 @@ impl ReducerConfig {
             windows: lists.iter().map(|w| w.name.clone()).collect(),
             window_lengths: lists.iter().map(|w| w.length_ms).collect(),
             trending: engine.trend().map(|t| t.score),
+            heads: lists
+                .iter()
+                .enumerate()
+                .filter_map(|(w, list)| {
+                    let parent = list.head_of.as_ref()?;
+                    Some((w, lists.iter().position(|l| l.name == *parent)?))
+                })
+                .collect(),
         }
+    }
+
+    /// The window whose lists the head window `w` refreshes, if it is one.
+    pub fn parent_of(&self, w: usize) -> Option<usize> {
+        self.heads.get(&w).copied()
+    }
+
+    /// The windows whose lists are served (every one but the heads), in order.
+    pub fn served_windows(&self) -> Vec<String> {
+        (self.windows.iter().enumerate())
+            .filter(|(w, _)| !self.heads.contains_key(w))
+            .map(|(_, name)| name.clone())
+            .collect()
     }
 
     /// The position of the trending list among `windows`, if there is one.
@@ -132,6 +156,9 @@ pub struct Publication {
     pub input_range: Vec<ShardOffset>,
     /// End of the recounted hours a long list is exact until (set when composed).
     pub exact_until_ms: Option<i64>,
+    /// Of a head window's end: every candidate the shards sent for the head (the parent's open
+    /// bucket so far), for the parent's list at this end.
+    pub head: Option<StreamingHour>,
 }
 
 #[derive(Debug, Clone)]
@@ -377,14 +404,16 @@ impl ReducerState {
             };
             window.pending.retain(|e, _| *e > end);
             window.published_end = Some(end);
-            out.push(merged(
+            let mut publication = merged(
                 self.cfg.windows[w].clone(),
                 (self.cfg.k, self.cfg.order(w)),
                 &self.deny,
                 &mut window.known_scopes,
                 end,
                 &complete,
-            ));
+            );
+            publication.head = head_part(&self.cfg, w, end, &complete, &self.deny);
+            out.push(publication);
             window.last_complete = Some((end, complete));
         }
         out
@@ -401,14 +430,16 @@ impl ReducerState {
         let mut out = Vec::new();
         for (w, window) in self.windows.iter_mut().enumerate() {
             if let Some((end, complete)) = &window.last_complete {
-                out.push(merged(
+                let mut publication = merged(
                     self.cfg.windows[w].clone(),
                     (self.cfg.k, self.cfg.order(w)),
                     &self.deny,
                     &mut window.known_scopes,
                     *end,
                     complete,
-                ));
+                );
+                publication.head = head_part(&self.cfg, w, *end, complete, &self.deny);
+                out.push(publication);
             }
         }
         out
@@ -487,7 +518,23 @@ fn merged(
             })
             .collect(),
         exact_until_ms: None,
+        head: None,
     }
+}
+
+/// Of a head window `w` ending at `end`: every candidate of its period so far, from its start.
+fn head_part(
+    cfg: &ReducerConfig,
+    w: usize,
+    end: i64,
+    complete: &BTreeMap<u32, Pending>,
+    deny: &BTreeSet<String>,
+) -> Option<StreamingHour> {
+    cfg.parent_of(w)?;
+    let period = cfg.window_lengths.get(w).copied().flatten()?;
+    let start = (end - 1).div_euclid(period) * period;
+    let summaries: Vec<&ShardSummary> = complete.values().map(|p| &p.summary).collect();
+    Some(streaming_hour(&summaries, start, deny))
 }
 
 /// Every candidate of one clock hour, merged over the shards, without denied keys.
@@ -543,6 +590,7 @@ mod tests {
             windows: vec!["1m".into()],
             window_lengths: vec![Some(60_000)],
             trending: None,
+            heads: BTreeMap::new(),
         }
     }
 

@@ -218,6 +218,7 @@ fn reducer_merges_fences_serves_and_recovers() {
             windows: vec!["1m".into()],
             window_lengths: vec![Some(60_000)],
             trending: None,
+            heads: Default::default(),
         },
         bucket_ms: vec![100],
         kafka: topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),

@@ -180,6 +180,7 @@ proptest! {
                 windows: cfg.windows.iter().map(|w| w.name.clone()).collect(),
                 window_lengths: cfg.windows.iter().map(|w| w.length_ms).collect(),
                 trending: None,
+                heads: Default::default(),
             },
             &[None, None, None],
         );

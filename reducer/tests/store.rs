@@ -194,6 +194,7 @@ fn an_undecodable_exact_hour_sets_the_store_aside_at_start() {
             windows: vec!["1h".into()],
             window_lengths: vec![Some(3_600_000)],
             trending: None,
+            heads: Default::default(),
         },
         bucket_ms: vec![60_000],
         kafka: topk_api::kafka::KafkaProperties::plaintext("127.0.0.1:9"),
