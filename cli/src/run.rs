@@ -74,7 +74,11 @@ fn manifest_config(text: &str) -> Result<DataPlaneConfig, CliError> {
 }
 
 pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
-    let windows: Vec<String> = cfg.lists().into_iter().map(|w| w.name).collect();
+    // A head window refreshes its parent in a cluster's reducer; alone it is not a list.
+    let windows: Vec<String> = (cfg.lists().into_iter())
+        .filter(|w| w.head_of.is_none())
+        .map(|w| w.name)
+        .collect();
     let served = Served::new(&cfg.metric, windows, cfg.k);
     let metrics = Metrics::new(served.requests.clone());
     Arc::new(AppState {

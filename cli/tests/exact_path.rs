@@ -34,21 +34,14 @@ const LONG_WINDOWS: &str = r#"
   - {name: all, allTime: true, bucket: 1h}
 "#;
 
-fn manifest(name: &str, env: &TestEnv, topic: &str) -> String {
-    manifest_with(
-        name,
-        env,
-        topic,
-        r#"
+/// How the first test's metric counts.
+const APPROXIMATE: &str = r#"
 mode: approximate
 sketch: {epsilon: 0.001, delta: 0.001, candidates: 20}
 allowedLateness: 1s
 recount: {grace: 1m}
 workers: {checkpointInterval: 200ms, idleTimeout: 1s}
-"#,
-        LONG_WINDOWS,
-    )
-}
+"#;
 
 /// The exact path's metric with `counting` (mode, lateness, dedupe, workers) and `windows` in
 /// its spec.
@@ -115,6 +108,44 @@ fn metric_topics(env: &TestEnv, ns: &str) -> (String, String, tempfile::TempDir)
     (name, input, tempfile::tempdir().expect("tempdir"))
 }
 
+/// A metric of the exact path in `ns`: its input topic, the operator's rendered config and the
+/// Kafka Secret files in a temp dir, the first of the three hours before the current one, and
+/// an idempotent producer.
+struct Setup {
+    input: String,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    secrets: std::path::PathBuf,
+    first_hour: i64,
+    producer: ThreadedProducer<DefaultProducerContext>,
+}
+
+fn setup(env: &TestEnv, ns: &str, counting: &str, windows: &str) -> Setup {
+    let (name, input, dir) = metric_topics(env, ns);
+    let manifest = manifest_with(&name, env, &input, counting, windows);
+    let config = common::rendered_config(dir.path(), &manifest, ns);
+    let secrets = dir.path().join("kafka-secrets");
+    env.secure_kafka.write_secret_files(&secrets);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let producer = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    Setup {
+        input,
+        dir,
+        config,
+        secrets,
+        first_hour: now.div_euclid(HOUR) * HOUR - 3 * HOUR,
+        producer,
+    }
+}
+
 /// Sends `event` to `topic` keyed and timestamped as producers do.
 fn send(producer: &ThreadedProducer<DefaultProducerContext>, topic: &str, event: &Event) {
     let (time, scope, key, id) = event;
@@ -169,9 +200,14 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
     let Some(env) = TestEnv::get("exact path end to end") else {
         return;
     };
-    let ns = "exact";
-    let (name, input, dir) = metric_topics(&env, ns);
-    let config = common::rendered_config(dir.path(), &manifest(&name, &env, &input), ns);
+    let Setup {
+        input,
+        dir,
+        config,
+        secrets,
+        first_hour,
+        producer,
+    } = setup(&env, "exact", APPROXIMATE, LONG_WINDOWS);
     let rendered = std::fs::read_to_string(&config).expect("rendered config");
     assert!(
         !rendered.contains(&env.secure_kafka.password()),
@@ -182,20 +218,7 @@ fn recounted_hours_make_long_lists_exact_and_grade_the_streaming_path() {
         rendered.contains("oauth") && !rendered.contains(client_secret.trim()),
         "the rendered config names the OAuth client's Secret, never its value: {rendered}"
     );
-    let secrets = dir.path().join("kafka-secrets");
-    env.secure_kafka.write_secret_files(&secrets);
     // Three closed hours before the current one.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let first_hour = now.div_euclid(HOUR) * HOUR - 3 * HOUR;
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("partitioner", "murmur2_random")
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
     // What the recount must find: each event_id once.
     let mut exact: BTreeMap<(String, String), u64> = BTreeMap::new();
     for h in 0..3 {
@@ -351,8 +374,6 @@ fn dedupe_counts_each_event_id_once_across_a_worker_kill_and_grades_clean() {
     let Some(env) = TestEnv::get("streaming dedupe end to end") else {
         return;
     };
-    let ns = "dedupe";
-    let (name, input, dir) = metric_topics(&env, ns);
     // A 10 minute lateness keeps the last minutes' retries countable, so only dedupe can drop
     // them; the long idle timeout keeps the clock from making them late instead.
     let counting = r#"
@@ -362,28 +383,18 @@ allowedLateness: 10m
 recount: {grace: 10m}
 workers: {checkpointInterval: 200ms, idleTimeout: 4h}
 "#;
-    let config = common::rendered_config(
-        dir.path(),
-        &manifest_with(&name, &env, &input, counting, LONG_WINDOWS),
-        ns,
-    );
-    let secrets = dir.path().join("kafka-secrets");
-    env.secure_kafka.write_secret_files(&secrets);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
+    let Setup {
+        input,
+        dir,
+        config,
+        secrets,
+        first_hour,
+        producer,
+    } = setup(&env, "dedupe", counting, LONG_WINDOWS);
     // Two closed hours, ending an hour before the current one.
-    let first_hour = now.div_euclid(HOUR) * HOUR - 3 * HOUR;
     let hours: Vec<Vec<Event>> = (0..2)
         .map(|h| hour_events(first_hour + h * HOUR, h))
         .collect();
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("partitioner", "murmur2_random")
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
     let tail: Vec<Event> = hours[1][hours[1].len() - 20..].to_vec();
     // Round 1: every event once, song-0's first play of the second hour re-sent right after
     // it, and the second hour's last 20 events re-sent at the end.
@@ -572,8 +583,6 @@ fn a_refreshed_list_moves_its_head_every_minute_over_recounted_hours() {
     let Some(env) = TestEnv::get("minute-fresh long lists") else {
         return;
     };
-    let ns = "refresh";
-    let (name, input, dir) = metric_topics(&env, ns);
     // No other 1h window: the 24h list's head gives the streaming hours too.
     let windows = r#"
   - {name: 24h, length: 24h, bucket: 1h, refresh: 1m}
@@ -585,27 +594,17 @@ allowedLateness: 1s
 recount: {grace: 1m}
 workers: {checkpointInterval: 200ms, idleTimeout: 4h}
 "#;
-    let config = common::rendered_config(
-        dir.path(),
-        &manifest_with(&name, &env, &input, counting, windows),
-        ns,
-    );
-    let secrets = dir.path().join("kafka-secrets");
-    env.secure_kafka.write_secret_files(&secrets);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
+    let Setup {
+        input,
+        dir,
+        config,
+        secrets,
+        first_hour,
+        producer,
+    } = setup(&env, "refresh", counting, windows);
     // Two closed hours, then the first minutes of a third, all in the past.
-    let first_hour = now.div_euclid(HOUR) * HOUR - 3 * HOUR;
     let open_hour = first_hour + 2 * HOUR;
     const MINUTE: i64 = 60_000;
-    let producer: ThreadedProducer<DefaultProducerContext> = env
-        .kafka_config()
-        .set("partitioner", "murmur2_random")
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
     let mut sent: Vec<Event> = Vec::new();
     let send_all = |events: Vec<Event>, sent: &mut Vec<Event>| {
         for event in events {
