@@ -50,7 +50,41 @@ pub struct DataPlaneConfig {
     /// the workers then read their sums instead of the input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub combine: Option<CombineConfig>,
+    /// A regional metric: where its reducers also send every list they publish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<RegionOutput>,
+    /// A global metric: its reducers merge these regions' lists instead of shard summaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<RegionInputs>,
 }
+
+/// Where a regional metric's reducers send their lists: the global metric's summaries topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegionOutput {
+    /// This region's name, as the global metric lists it.
+    pub region: String,
+    /// Raised when the region moves to a new deployment: the global then ignores the old one.
+    pub epoch: u64,
+    /// The global metric's summaries topic.
+    pub topic: String,
+    /// Its cluster, when it is not this metric's internal one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// What a global metric's reducers merge: the lists regional reducers send.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegionInputs {
+    pub regions: Vec<String>,
+    /// How long a window end waits for the regions that have not reported it before it is
+    /// published without them (named in `missingRegions`).
+    pub wait: Duration,
+}
+
+/// Default of [`RegionInputs::wait`]: well inside a one-minute bucket.
+pub const DEFAULT_REGION_WAIT: Duration = Duration::from_millis(10_000);
 
 /// What the combiners run by.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,6 +296,10 @@ struct Rollout<'a> {
     worker_input: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     combine: Option<&'a CombineConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<&'a RegionOutput>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    regions: Option<&'a RegionInputs>,
 }
 
 /// The pods whose template carries a rollout hash.
@@ -382,6 +420,8 @@ impl DataPlaneConfig {
                     .as_ref()
                     .map(|from| from.config_map_key_ref.clone()),
             },
+            region: None,
+            regions: None,
             engine,
             name,
             namespace,
@@ -430,6 +470,8 @@ impl DataPlaneConfig {
             ingest: None,
             worker_input: None,
             combine: None,
+            region: None,
+            regions: None,
         })
     }
 
@@ -486,6 +528,14 @@ impl DataPlaneConfig {
                 .combine
                 .as_ref()
                 .filter(|_| component == Component::Combiner),
+            region: self
+                .region
+                .as_ref()
+                .filter(|_| component == Component::Reducer),
+            regions: self
+                .regions
+                .as_ref()
+                .filter(|_| component == Component::Reducer),
         })
     }
 

@@ -40,6 +40,83 @@ pub struct RankingRecord {
     /// Per shard, the input offset the list reflects (reducer lists only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub input_range: Vec<ShardOffset>,
+    /// Lists merged from regions only: which regions' lists of this window end are in it.
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<RegionCoverage>,
+}
+
+/// Which regions a merged list covers. A list with a missing region is published (the other
+/// regions' counts are fresh) but never as complete: its counts leave that region out.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegionCoverage {
+    pub complete_regions: Vec<String>,
+    #[serde(default)]
+    pub missing_regions: Vec<String>,
+}
+
+impl RegionCoverage {
+    pub fn complete(&self) -> bool {
+        self.missing_regions.is_empty()
+    }
+}
+
+/// A regional reducer's list of one scope, as the global reducer merges it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegionScope {
+    pub scope: String,
+    /// The region's top keys, in rank order.
+    pub items: Vec<KeyCount>,
+    /// A key not in `items` counted at most this in the region: the last listed count when
+    /// the list is full (or cut to fit a record), else 0 (every key of the scope is listed).
+    pub floor: u64,
+}
+
+/// What a regional reducer sends the global metric (its summaries topic, keyed by region)
+/// for every window end it publishes: its lists of that end, under its region's epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegionSummary {
+    /// The metric counted (events' `metric` field); the global counts the same one.
+    pub metric: String,
+    pub region: String,
+    /// The region's epoch (`spec.region.epoch`): the global takes only the newest it has seen,
+    /// so a region moved to new brokers or a new cluster fences its old deployment off.
+    pub epoch: u64,
+    pub window: String,
+    /// As in [`ShardSummary`]; absent for all-time windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_start_ms: Option<i64>,
+    pub window_end_ms: i64,
+    pub watermark_ms: i64,
+    pub mode: String,
+    /// Largest amount any listed count exceeds the region's true count by.
+    pub max_overcount: u64,
+    pub scopes: Vec<RegionScope>,
+}
+
+impl RegionSummary {
+    /// Encodes it as one record of at most `budget` bytes: the longest lists are cut from their
+    /// tail (raising their floor) until it fits. `None` when even the empty lists do not fit.
+    pub fn encode(mut self, budget: usize) -> Result<Option<Vec<u8>>, serde_json::Error> {
+        loop {
+            let bytes = serde_json::to_vec(&self)?;
+            if bytes.len() <= budget {
+                return Ok(Some(bytes));
+            }
+            let Some(longest) = self.scopes.iter_mut().max_by_key(|s| s.items.len()) else {
+                return Ok(None);
+            };
+            if longest.items.is_empty() {
+                return Ok(None);
+            }
+            let keep = longest.items.len() / 2;
+            let first_cut = longest.items[keep].count;
+            longest.items.truncate(keep);
+            longest.floor = longest.floor.max(first_cut);
+        }
+    }
 }
 
 /// Where one shard's input stood for a published list.
@@ -70,6 +147,7 @@ impl RankingRecord {
             exact_until: exact_until(r, None),
             stale: false,
             input_range: Vec::new(),
+            regions: None,
         }
     }
 

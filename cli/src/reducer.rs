@@ -23,6 +23,13 @@ pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
     let (config, kafka) = common.config.load()?;
     let mut settings = topk_reducer::settings(&config, kafka.internal);
     settings.state_dir = common.state_dir.clone();
+    // A global metric on another cluster: its clients connect the way the config says.
+    if let (Some(output), Some(cluster)) = (
+        settings.region_output.as_mut(),
+        config.region.as_ref().and_then(|r| r.cluster.as_ref()),
+    ) {
+        output.kafka = topk_runtime::cluster_properties(cluster, &common.config.kafka_secrets)?;
+    }
     let control = common.control(&config, None).await?;
     if let (topk_runtime::ControlPlane::Files { .. }, Some(points)) =
         (&control, settings.point_counts.as_mut())

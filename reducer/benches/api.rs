@@ -54,6 +54,7 @@ fn list() -> RankingRecord {
         exact_until: Some(format_rfc3339_ms(at)),
         stale: false,
         input_range: Vec::new(),
+        regions: None,
     }
 }
 

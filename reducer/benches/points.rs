@@ -177,6 +177,7 @@ fn main() {
         exact_until: None,
         stale: false,
         input_range: Vec::new(),
+        regions: None,
     }]);
     served.set_point_counts(Arc::new(WorkerPointCounts::new(
         engine,

@@ -9,6 +9,7 @@ pub mod hours;
 pub mod metrics;
 pub mod points;
 pub mod reducer;
+pub mod regions;
 pub mod rollback;
 pub mod state;
 pub mod status;
@@ -32,7 +33,7 @@ use topk_query::query_router;
 use topk_runtime::ControlPlane;
 
 pub use error::Error;
-pub use reducer::{PointCountSettings, Reducer, ReducerSettings, Shared};
+pub use reducer::{PointCountSettings, Reducer, ReducerSettings, RegionOutputSettings, Shared};
 pub use state::{ReducerConfig, ReducerState};
 
 /// What a reducer of this metric merges, where, and how long it keeps versions.
@@ -43,16 +44,26 @@ pub fn settings(config: &DataPlaneConfig, kafka: KafkaProperties) -> ReducerSett
         name: config.name.clone(),
         merge: ReducerConfig::of(engine, config.config_version()),
         bucket_ms: engine.lists().iter().map(|w| w.bucket_ms).collect(),
-        kafka,
+        kafka: kafka.clone(),
         topics: config.kafka.topics.clone(),
         state_dir: PathBuf::from("/var/lib/topk"),
         stale_after: std_duration(tuning.stale_after),
         keep_versions: tuning.keep_versions.max(1),
         keep_for: std_duration(tuning.keep_for),
-        point_counts: Some(PointCountSettings {
+        // A global metric has no workers to ask.
+        point_counts: config.regions.is_none().then(|| PointCountSettings {
             engine: engine.clone(),
             workers: points::WorkerUrls::pods(&config.name),
         }),
+        region_output: config.region.as_ref().map(|output| RegionOutputSettings {
+            region: output.region.clone(),
+            epoch: output.epoch,
+            topic: output.topic.clone(),
+            // On the global's own cluster, `topk reducer` connects with that one's settings.
+            kafka: kafka.clone(),
+            record_bytes: config.worker.max_summary_record_bytes as usize,
+        }),
+        regions: config.regions.clone(),
     }
 }
 

@@ -40,6 +40,12 @@ pub struct MissingLabel {
     pub shard: u32,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MissingRegionLabel {
+    pub window: String,
+    pub region: String,
+}
+
 pub struct ReducerMetrics {
     pub registry: Registry,
     pub summaries: Family<OutcomeLabel, Counter>,
@@ -48,6 +54,10 @@ pub struct ReducerMetrics {
     pub lists_expired: Counter,
     pub publish_seconds: Histogram,
     pub missing_shard: Family<MissingLabel, Gauge>,
+    pub missing_region: Family<MissingRegionLabel, Gauge>,
+    pub region_lists_sent: Counter,
+    pub region_lists_dropped: Counter,
+    pub region_lists_undelivered: Gauge,
     pub stale: Family<WindowLabel, Gauge>,
     pub watermark_lag_seconds: Family<WindowLabel, Gauge>,
     pub dropped: Gauge,
@@ -94,6 +104,10 @@ impl Default for ReducerMetrics {
             lists_expired: Counter::default(),
             publish_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             missing_shard: Family::default(),
+            missing_region: Family::default(),
+            region_lists_sent: Counter::default(),
+            region_lists_dropped: Counter::default(),
+            region_lists_undelivered: Gauge::default(),
             stale: Family::default(),
             watermark_lag_seconds: Family::default(),
             dropped: Gauge::default(),
@@ -131,6 +145,26 @@ impl Default for ReducerMetrics {
             "summaries",
             "Worker summaries read, by what became of them",
             m.summaries.clone(),
+        );
+        r.register(
+            "missing_region",
+            "1 while a region has not reported the newest window end of a global metric",
+            m.missing_region.clone(),
+        );
+        r.register(
+            "region_lists_sent",
+            "Window ends whose lists a regional reducer sent to its global metric",
+            m.region_lists_sent.clone(),
+        );
+        r.register(
+            "region_lists_dropped",
+            "Window ends not sent to the global metric (its producer queue full, or too large)",
+            m.region_lists_dropped.clone(),
+        );
+        r.register(
+            "region_lists_undelivered",
+            "Lists sent to the global metric that its brokers never acknowledged",
+            m.region_lists_undelivered.clone(),
         );
         r.register(
             "unreadable_summaries",

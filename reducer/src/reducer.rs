@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use topk_api::assignment::AssignmentTable;
 
 use crate::points::WorkerUrls;
-use topk_api::record::{ExactHourManifest, SummaryRecord, exact_until};
+use topk_api::dataplane::RegionInputs;
+use topk_api::record::{ExactHourManifest, RegionScope, RegionSummary, SummaryRecord, exact_until};
 use topk_api::topics::TopicNames;
 use topk_api::{DenyList, RankingRecord};
 use topk_engine::Ranking;
@@ -26,10 +28,13 @@ use crate::exact::{
     Grade, HOUR_MS, LongParts, closed_part, compose, grade, plan_hours, refreshed_start, union_tops,
 };
 use crate::hours::{Hours, Ingested};
-use crate::metrics::{MissingLabel, ReducerMetrics, WindowLabel};
+use crate::metrics::{MissingLabel, MissingRegionLabel, ReducerMetrics, WindowLabel};
+use crate::regions::{RegionsConfig, RegionsState};
 use crate::state::{Publication, ReducerConfig, ReducerState};
 use crate::store::{Meta, RankingStore, Retention};
+use topk_engine::summary::KeyCount;
 pub(crate) use topk_runtime::now_ms;
+use topk_runtime::output::DeliveryCounter;
 
 /// A long window's lists and the end of their exact run.
 type Composed = (Vec<Ranking>, Option<i64>);
@@ -59,6 +64,22 @@ pub struct ReducerSettings {
     pub keep_for: Duration,
     /// How point counts are asked of the workers; `None` refuses them.
     pub point_counts: Option<PointCountSettings>,
+    /// A regional metric's: where every list it publishes also goes.
+    pub region_output: Option<RegionOutputSettings>,
+    /// A global metric's: the regions it merges (their summaries replace the shards').
+    pub regions: Option<RegionInputs>,
+}
+
+/// Where a regional reducer sends its lists: the global metric's summaries topic.
+#[derive(Debug, Clone)]
+pub struct RegionOutputSettings {
+    pub region: String,
+    pub epoch: u64,
+    pub topic: String,
+    /// The global metric's cluster, credentials included.
+    pub kafka: topk_api::kafka::KafkaProperties,
+    /// Largest record sent; longer lists are cut to fit.
+    pub record_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +145,20 @@ pub struct Reducer {
     /// Per composable window, its last publication as merged from the summaries (or, for a
     /// refreshed window, its head's), composed again when an hour in it becomes exact.
     last_streaming: BTreeMap<usize, Publication>,
+    /// A global metric's merge of region summaries (`None`: it merges shard summaries).
+    regions: Option<RegionsState>,
+    /// Per window, the regions last reported missing.
+    reported_missing_regions: Vec<Option<Vec<String>>>,
+    /// A regional metric's sender of its lists to the global metric.
+    region_sender: Option<RegionSender>,
+}
+
+/// Sends a regional reducer's lists to the global metric without ever waiting for it: when
+/// the global's brokers are out of reach and the producer's queue is full, a list is dropped
+/// (and counted); the global marks the region missing meanwhile.
+struct RegionSender {
+    producer: ThreadedProducer<DeliveryCounter>,
+    settings: RegionOutputSettings,
 }
 
 /// Opens the ranking store and loads every pointed list into a new [`Served`], so a restarted
@@ -203,10 +238,30 @@ impl Reducer {
                     .insert(r.scope.clone());
             }
         }
+        let mut regions = settings.regions.as_ref().map(|inputs| {
+            let merge = &settings.merge;
+            RegionsState::new(
+                RegionsConfig {
+                    metric: merge.metric.clone(),
+                    regions: inputs.regions.clone(),
+                    k: merge.k,
+                    windows: merge.windows.clone(),
+                    window_lengths: merge.window_lengths.clone(),
+                    wait_ms: inputs.wait.as_millis(),
+                },
+                &ends,
+            )
+        });
         for (window, scopes) in known {
+            if let Some(regions) = regions.as_mut() {
+                regions.set_known_scopes(&window, scopes.clone());
+            }
             state.set_known_scopes(&window, scopes);
         }
         if let Some(list) = deny.borrow_and_update().clone() {
+            if let Some(regions) = regions.as_mut() {
+                regions.replace_deny(list.clone());
+            }
             state.replace_deny(list);
         }
         // A table already in the channel counts as seen by it: take it now.
@@ -225,6 +280,22 @@ impl Reducer {
             .set("enable.partition.eof", "false")
             .set("fetch.queue.backoff.ms", "10")
             .create()?;
+        let region_sender = match &settings.region_output {
+            Some(output) => Some(RegionSender {
+                producer: topk_runtime::client_config(&output.kafka)
+                    .set("linger.ms", "5")
+                    // A list older than this is not worth delivering: newer ones follow.
+                    .set("message.timeout.ms", "60000")
+                    .set("queue.buffering.max.messages", "10000")
+                    .set(
+                        "message.max.bytes",
+                        (output.record_bytes + 65_536).max(1_000_000).to_string(),
+                    )
+                    .create_with_context(DeliveryCounter::default())?,
+                settings: output.clone(),
+            }),
+            None => None,
+        };
         let start = meta.resume_offset.unwrap_or(0);
         let loaded = shared
             .loaded_hours
@@ -264,6 +335,9 @@ impl Reducer {
             hours,
             empty_lists,
             last_streaming: BTreeMap::new(),
+            regions,
+            reported_missing_regions: vec![None; windows],
+            region_sender,
             settings,
         })
     }
@@ -282,6 +356,24 @@ impl Reducer {
                         msg.payload().unwrap_or_default(),
                         msg.offset(),
                     )?;
+                }
+                Some(Ok(msg)) if self.regions.is_some() => {
+                    self.next_offset = msg.offset() + 1;
+                    let payload = msg.payload().unwrap_or_default();
+                    let offset = msg.offset();
+                    match serde_json::from_slice::<RegionSummary>(payload) {
+                        Ok(summary) => {
+                            if let Some(regions) = self.regions.as_mut() {
+                                let outcome = regions.offer(summary, offset, now_ms());
+                                self.shared.metrics.outcome(outcome);
+                            }
+                        }
+                        Err(err) => {
+                            self.shared.metrics.unreadable_summaries.inc();
+                            tracing::warn!(%err, offset, "not a region summary; skipped");
+                        }
+                    }
+                    since_housekeeping += 1;
                 }
                 Some(Ok(msg)) => {
                     self.next_offset = msg.offset() + 1;
@@ -331,7 +423,10 @@ impl Reducer {
             None
         };
         if let Some(list) = changed_deny {
-            let again = self.state.replace_deny(list);
+            let mut again = self.state.replace_deny(list.clone());
+            if let Some(regions) = self.regions.as_mut() {
+                again = regions.replace_deny(list);
+            }
             self.shared
                 .metrics
                 .denied_keys
@@ -347,10 +442,10 @@ impl Reducer {
         }
         // Until the deny list is known, summaries wait: a list published now could hold a
         // denied key.
-        let publications = if self.deny.borrow().is_some() {
-            self.state.publish_ready()
-        } else {
-            Vec::new()
+        let publications = match (self.deny.borrow().is_some(), self.regions.as_mut()) {
+            (false, _) => Vec::new(),
+            (true, Some(regions)) => regions.publish_ready(now_ms()),
+            (true, None) => self.state.publish_ready(),
         };
         let hours = self.state.take_hours();
         self.hours.put_streaming(&hours)?;
@@ -365,7 +460,13 @@ impl Reducer {
             self.apply_retention()?;
         }
         let metrics = &self.shared.metrics;
-        metrics.dropped.set(self.state.dropped() as i64);
+        let dropped = self.regions.as_ref().map_or(0, RegionsState::dropped);
+        metrics.dropped.set((self.state.dropped() + dropped) as i64);
+        if let Some(sender) = &self.region_sender {
+            metrics
+                .region_lists_undelivered
+                .set(sender.producer.context().failed() as i64);
+        }
         metrics.quarantined.set(self.state.quarantined() as i64);
         let now = now_ms();
         for (w, window) in self.settings.merge.windows.iter().enumerate() {
@@ -380,6 +481,21 @@ impl Reducer {
                 window: window.clone(),
             };
             metrics.stale.get_or_create(&label).set(i64::from(stale));
+            if let Some(regions) = &self.regions {
+                let missing = regions.missing(w).map(|(_, m)| m).unwrap_or_default();
+                if self.reported_missing_regions[w].as_ref() != Some(&missing) {
+                    for region in &regions.config().regions {
+                        metrics
+                            .missing_region
+                            .get_or_create(&MissingRegionLabel {
+                                window: window.clone(),
+                                region: region.clone(),
+                            })
+                            .set(i64::from(missing.contains(region)));
+                    }
+                    self.reported_missing_regions[w] = Some(missing);
+                }
+            }
             let missing = self.state.missing(w).map(|(_, m)| m).unwrap_or_default();
             if self.reported_missing[w].as_ref() != Some(&missing) {
                 for shard in 0..self.settings.merge.shards {
@@ -550,10 +666,14 @@ impl Reducer {
                     exact_until: exact_until(ranking, publication.exact_until_ms),
                     stale: false,
                     input_range: publication.input_range.clone(),
+                    regions: publication.regions.clone(),
                 });
             }
         }
-        meta.resume_offset = Some(self.state.resume_offset(self.next_offset));
+        meta.resume_offset = Some(match &self.regions {
+            Some(regions) => regions.resume_offset(self.next_offset),
+            None => self.state.resume_offset(self.next_offset),
+        });
         let store = &self.shared.store;
         store.write_versions(&records)?;
         store.point(&records, &meta)?;
@@ -581,7 +701,50 @@ impl Reducer {
         metrics
             .publish_seconds
             .observe(started.elapsed().as_secs_f64());
+        if !republish {
+            self.send_to_global(&publications);
+        }
         Ok(())
+    }
+
+    /// A regional reducer's new lists, sent to the global metric (not the trending list, which
+    /// is ordered by a ratio that regions do not add up to).
+    fn send_to_global(&self, publications: &[Publication]) {
+        let Some(sender) = &self.region_sender else {
+            return;
+        };
+        let merge = &self.settings.merge;
+        let trending = merge.trending_list().map(|w| merge.windows[w].as_str());
+        for publication in publications {
+            if Some(publication.window.as_str()) == trending {
+                continue;
+            }
+            let summary = region_summary(&sender.settings, merge, publication);
+            let metrics = &self.shared.metrics;
+            let bytes = match summary.encode(sender.settings.record_bytes) {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) | Err(_) => {
+                    metrics.region_lists_dropped.inc();
+                    tracing::warn!(
+                        window = publication.window,
+                        "lists too large to send to the global metric"
+                    );
+                    continue;
+                }
+            };
+            let record = BaseRecord::to(&sender.settings.topic)
+                .key(sender.settings.region.as_str())
+                .payload(&bytes);
+            match sender.producer.send(record) {
+                Ok(()) => {
+                    metrics.region_lists_sent.inc();
+                }
+                Err((err, _)) => {
+                    metrics.region_lists_dropped.inc();
+                    tracing::warn!(%err, window = publication.window, "cannot send lists to the global metric; dropped");
+                }
+            }
+        }
     }
 
     /// A head window's publication (the parent's open bucket so far) as its parent `parent`'s
@@ -812,5 +975,50 @@ impl Reducer {
             grades.pop_front();
         }
         Ok(())
+    }
+}
+
+/// A regional publication as the global metric merges it: every scope's list with its floor
+/// (the last count of a full list: an unlisted key counted at most that).
+fn region_summary(
+    output: &RegionOutputSettings,
+    merge: &ReducerConfig,
+    publication: &Publication,
+) -> RegionSummary {
+    let rankings = &publication.rankings;
+    let first = rankings.first();
+    RegionSummary {
+        metric: merge.metric.clone(),
+        region: output.region.clone(),
+        epoch: output.epoch,
+        window: publication.window.clone(),
+        window_start_ms: first.and_then(|r| r.window_start_ms),
+        window_end_ms: publication.window_end_ms,
+        watermark_ms: rankings
+            .iter()
+            .map(|r| r.watermark_ms)
+            .min()
+            .unwrap_or(i64::MIN),
+        mode: first.map_or_else(|| "exact".to_owned(), |r| r.mode.clone()),
+        max_overcount: rankings.iter().map(|r| r.max_overcount).max().unwrap_or(0),
+        scopes: rankings
+            .iter()
+            .map(|r| RegionScope {
+                scope: r.scope.clone(),
+                floor: match r.items.last() {
+                    Some(last) if r.items.len() >= merge.k => last.count,
+                    _ => 0,
+                },
+                items: r
+                    .items
+                    .iter()
+                    .map(|i| KeyCount {
+                        key: i.key.clone(),
+                        count: i.count,
+                        baseline: None,
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }

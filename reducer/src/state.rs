@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use topk_api::assignment::AssignmentTable;
-use topk_api::record::{ShardOffset, SummaryRecord};
+use topk_api::record::{RegionCoverage, ShardOffset, SummaryRecord};
 use topk_engine::summary::{KeyCount, merge_known};
 use topk_engine::trend::TrendScore;
 use topk_engine::{EngineConfig, Ranking, ShardSummary};
@@ -110,12 +110,14 @@ pub enum Outcome {
     OtherConfig,
     UnknownWindow,
     UnknownShard,
+    /// A region summary from a region the global metric does not list.
+    UnknownRegion,
     /// A summary made before any bucket of its window closed: nothing to merge.
     NoWindowEnd,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 12] = [
         Outcome::Accepted,
         Outcome::Duplicate,
         Outcome::StaleEpoch,
@@ -126,6 +128,7 @@ impl Outcome {
         Outcome::OtherConfig,
         Outcome::UnknownWindow,
         Outcome::UnknownShard,
+        Outcome::UnknownRegion,
         Outcome::NoWindowEnd,
     ];
 
@@ -141,6 +144,7 @@ impl Outcome {
             Outcome::OtherConfig => "other_config",
             Outcome::UnknownWindow => "unknown_window",
             Outcome::UnknownShard => "unknown_shard",
+            Outcome::UnknownRegion => "unknown_region",
             Outcome::NoWindowEnd => "no_window_end",
         }
     }
@@ -159,6 +163,8 @@ pub struct Publication {
     /// Of a head window's end: every candidate the shards sent for the head (the parent's open
     /// bucket so far), for the parent's list at this end.
     pub head: Option<StreamingHour>,
+    /// Of a list merged from regions: the regions it covers and those missing.
+    pub regions: Option<RegionCoverage>,
 }
 
 #[derive(Debug, Clone)]
@@ -375,6 +381,7 @@ impl ReducerState {
     pub fn publish_ready(&mut self) -> Vec<Publication> {
         let shards = self.cfg.shards as usize;
         let mut out = Vec::new();
+        let inherited = self.inherited_scopes();
         for (w, window) in self.windows.iter_mut().enumerate() {
             let Some(end) = window
                 .pending
@@ -404,6 +411,9 @@ impl ReducerState {
             };
             window.pending.retain(|e, _| *e > end);
             window.published_end = Some(end);
+            if let Some(scopes) = inherited.get(&w) {
+                window.known_scopes.extend(scopes.iter().cloned());
+            }
             let mut publication = merged(
                 self.cfg.windows[w].clone(),
                 (self.cfg.k, self.cfg.order(w)),
@@ -428,7 +438,11 @@ impl ReducerState {
         }
         self.deny = keys;
         let mut out = Vec::new();
+        let inherited = self.inherited_scopes();
         for (w, window) in self.windows.iter_mut().enumerate() {
+            if let Some(scopes) = inherited.get(&w) {
+                window.known_scopes.extend(scopes.iter().cloned());
+            }
             if let Some((end, complete)) = &window.last_complete {
                 let mut publication = merged(
                     self.cfg.windows[w].clone(),
@@ -443,6 +457,21 @@ impl ReducerState {
             }
         }
         out
+    }
+
+    /// Per head window, the scopes it lists even when its part is empty: the global one and
+    /// its parent's, whose refreshed lists are made from the head's (a quiet open hour still
+    /// moves them, and a scope that left the window gets its empty list).
+    fn inherited_scopes(&self) -> BTreeMap<usize, BTreeSet<String>> {
+        self.cfg
+            .heads
+            .iter()
+            .map(|(head, parent)| {
+                let mut scopes = self.windows[*parent].known_scopes.clone();
+                scopes.insert(String::new());
+                (*head, scopes)
+            })
+            .collect()
     }
 
     /// How many keys are denied now.
@@ -519,6 +548,7 @@ fn merged(
             .collect(),
         exact_until_ms: None,
         head: None,
+        regions: None,
     }
 }
 
@@ -646,6 +676,41 @@ mod tests {
         record.part = part;
         record.parts = parts;
         record
+    }
+
+    #[test]
+    fn a_quiet_head_still_lists_the_global_scope_and_its_parents_scopes() {
+        const HOUR: i64 = 3_600_000;
+        let cfg = ReducerConfig {
+            windows: vec!["24h".into(), "24h+head".into()],
+            window_lengths: vec![Some(24 * HOUR), Some(HOUR)],
+            heads: BTreeMap::from([(1, 0)]),
+            ..cfg()
+        };
+        assert_eq!(cfg.served_windows(), ["24h"]);
+        let mut state = ReducerState::new(cfg, &[None, None]);
+        state.set_table(table(1, [1, 1]));
+        state.set_known_scopes("24h", BTreeSet::from(["eu".to_owned()]));
+        // Ten minutes into an hour in which no shard counted anything.
+        let end = 5 * HOUR + 10 * 60_000;
+        for shard in 0..2 {
+            let mut quiet = record(shard, 1, 1, end, &[]);
+            quiet.summary.window = "24h+head".into();
+            quiet.summary.window_start_ms = Some(5 * HOUR);
+            quiet.summary.scopes.clear();
+            assert_eq!(state.offer(quiet, i64::from(shard)), Outcome::Accepted);
+        }
+        let published = state.publish_ready();
+        assert_eq!(published.len(), 1);
+        let scopes: Vec<&str> = published[0]
+            .rankings
+            .iter()
+            .map(|r| r.scope.as_str())
+            .collect();
+        assert_eq!(scopes, ["", "eu"]);
+        assert!(published[0].rankings.iter().all(|r| r.items.is_empty()));
+        let head = published[0].head.as_ref().expect("a head part");
+        assert_eq!((head.hour_ms, head.scopes.len()), (5 * HOUR, 0));
     }
 
     fn keys(p: &Publication) -> Vec<(String, u64)> {

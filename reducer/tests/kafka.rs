@@ -228,6 +228,8 @@ fn reducer_merges_fences_serves_and_recovers() {
         keep_versions: 10,
         keep_for: Duration::from_secs(3600),
         point_counts: None,
+        region_output: None,
+        regions: None,
     };
     let producer: ThreadedProducer<DefaultProducerContext> =
         env.kafka_config().create().expect("producer");

@@ -36,6 +36,7 @@ fn list(window: &str, scope: &str, keys: usize) -> RankingRecord {
         exact_until: None,
         stale: false,
         input_range: Vec::new(),
+        regions: None,
     }
 }
 

@@ -31,6 +31,7 @@ fn record(window: &str, scope: &str, version: u64, as_of_ms: i64, leader: &str) 
         exact_until: None,
         stale: false,
         input_range: Vec::new(),
+        regions: None,
     }
 }
 
@@ -204,6 +205,8 @@ fn an_undecodable_exact_hour_sets_the_store_aside_at_start() {
         keep_versions: 10,
         keep_for: std::time::Duration::from_secs(3600),
         point_counts: None,
+        region_output: None,
+        regions: None,
     };
     let path = dir.path().join("rankings");
     {

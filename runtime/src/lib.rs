@@ -36,16 +36,33 @@ pub fn kafka_properties(
 ) -> Result<KafkaClients, Error> {
     let clients = config
         .kafka
-        .properties(|key| {
-            let path = secrets_dir.join(key.path());
-            std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))
-        })
+        .properties(|key| read_secret(secrets_dir, key))
         .map_err(|e| Error::Config(format!("Kafka credentials: {e}")))?;
     for properties in [&clients.input, &clients.internal] {
         check_client_config(properties)?;
     }
     Ok(clients)
+}
+
+/// The properties of a client of another metric's cluster (a regional reducer's of its global
+/// metric's), credentials read as for [`kafka_properties`].
+pub fn cluster_properties(
+    cluster: &topk_api::dataplane::ClusterConfig,
+    secrets_dir: &Path,
+) -> Result<KafkaProperties, Error> {
+    let properties = cluster
+        .security
+        .properties(&cluster.bootstrap_servers, |key| {
+            read_secret(secrets_dir, key)
+        })
+        .map_err(|e| Error::Config(format!("Kafka credentials: {e}")))?;
+    check_client_config(&properties)?;
+    Ok(properties)
+}
+
+fn read_secret(secrets_dir: &Path, key: &topk_api::kafka::SecretKey) -> Result<String, String> {
+    let path = secrets_dir.join(key.path());
+    std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 /// Whether librdkafka takes every property (a value it refuses, or a feature this build lacks),
