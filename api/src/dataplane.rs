@@ -420,7 +420,29 @@ impl DataPlaneConfig {
                     .as_ref()
                     .map(|from| from.config_map_key_ref.clone()),
             },
-            region: None,
+            region: match &spec.region {
+                Some(region) => {
+                    let global = &region.global;
+                    if global.name == name
+                        && global.namespace.as_ref().is_none_or(|n| *n == namespace)
+                    {
+                        return Err(ApiError::Invalid(vec![
+                            "spec.region.global names this metric itself; name the global TopKMetric that adds the regions up".to_owned(),
+                        ]));
+                    }
+                    let global_namespace = global.namespace.as_deref().unwrap_or(&namespace);
+                    Some(RegionOutput {
+                        region: region.name.clone(),
+                        epoch: region.epoch.unwrap_or(1),
+                        topic: TopicNames::of(global_namespace, &global.name).summaries,
+                        cluster: global.kafka.as_ref().map(|cluster| ClusterConfig {
+                            bootstrap_servers: cluster.bootstrap_servers.clone(),
+                            security: cluster.security(),
+                        }),
+                    })
+                }
+                None => None,
+            },
             regions: None,
             engine,
             name,
@@ -436,6 +458,18 @@ impl DataPlaneConfig {
                 .map_err(|e| ApiError::Parse(format!("rendered config: {e}")));
         }
         Self::from_metric(&load_manifest(text)?)
+    }
+
+    /// Every Secret key a reducer's clients read: the metric's clusters', and those of the
+    /// global metric's cluster a regional metric sends its lists to.
+    pub fn reducer_secret_keys(&self) -> Vec<SecretKey> {
+        let mut keys = self.kafka.secret_keys();
+        if let Some(cluster) = self.region.as_ref().and_then(|r| r.cluster.as_ref()) {
+            keys.extend(cluster.security.secret_keys());
+            keys.sort();
+            keys.dedup();
+        }
+        keys
     }
 
     /// The JSON the operator renders into the ConfigMap.
@@ -583,11 +617,55 @@ mod tests {
     /// The internal cluster: all but the gateway, which only writes the input.
     const INTERNAL: &[Component] = &[Component::Worker, Component::Reducer, Component::Combiner];
 
+    /// A regional metric's link to its global metric: read by the reducers alone.
+    const REDUCER: &[Component] = &[Component::Reducer];
+
     /// Every spec field, the change the test makes to it (a JSON pointer into [`full_spec`]
-    /// and a new value), and where it must go.
-    fn routes() -> Vec<(&'static str, &'static str, Value, Route)> {
+    /// and a new value), and where it must go. The global metric's cluster takes every field
+    /// `internalKafka` takes.
+    fn routes() -> Vec<(String, String, Value, Route)> {
+        let listed = listed_routes();
+        let global_kafka = (listed.iter())
+            .filter(|(path, ..)| path.starts_with("internalKafka."))
+            .map(|(path, pointer, value, _)| {
+                (
+                    path.replace("internalKafka.", "region.global.kafka."),
+                    pointer.replace("/internalKafka", "/region/global/kafka"),
+                    value.clone(),
+                    Route::Restarts(REDUCER),
+                )
+            })
+            .collect::<Vec<_>>();
+        (listed.into_iter())
+            .map(|(path, pointer, value, route)| {
+                (path.to_owned(), pointer.to_owned(), value, route)
+            })
+            .chain(global_kafka)
+            .collect()
+    }
+
+    fn listed_routes() -> Vec<(&'static str, &'static str, Value, Route)> {
         use Route::*;
         vec![
+            (
+                "region.name",
+                "/region/name",
+                json!("us"),
+                Restarts(REDUCER),
+            ),
+            ("region.epoch", "/region/epoch", json!(2), Restarts(REDUCER)),
+            (
+                "region.global.name",
+                "/region/global/name",
+                json!("other"),
+                Restarts(REDUCER),
+            ),
+            (
+                "region.global.namespace",
+                "/region/global/namespace",
+                json!("other"),
+                Restarts(REDUCER),
+            ),
             ("metric", "/metric", json!("other"), Restarts(ALL)),
             (
                 "source.partitionedBy",
@@ -1235,6 +1313,13 @@ mod tests {
                                    "passwordSecret": {"secretName": "internal-user", "password": "password"}},
                 "config": {"client.rack": "zone-a"},
             },
+            "region": {"name": "eu", "epoch": 1, "global": {"name": "plays-global", "namespace": "global", "kafka": {
+                "bootstrapServers": "global:9093",
+                "tls": {"trustedCertificates": [{"secretName": "global-ca", "certificate": "ca.crt"}]},
+                "authentication": {"type": "scram-sha-512", "username": "topk",
+                                   "passwordSecret": {"secretName": "global-user", "password": "password"}},
+                "config": {"client.rack": "zone-a"},
+            }}},
             "volumeRetention": {"whenDeleted": "Delete", "whenScaled": "Delete"},
             "denyKeys": ["x"],
             "denyKeysFrom": {"configMapKeyRef": {"name": "takedowns", "key": "keys"}},
@@ -1287,6 +1372,7 @@ mod tests {
         }
         let full = full_spec();
         for (path, pointer, value, route) in table {
+            let (path, pointer) = (path.as_str(), pointer.as_str());
             assert!(fields.iter().any(|f| f == path), "{path} is not in the CRD");
             // Dedupe needs a keyed input, the full spec's is combined.
             let base_spec = if path.starts_with("dedupe.") {
@@ -1358,6 +1444,42 @@ mod tests {
         spec["k"] = json!(11);
         assert_ne!(config(&spec).config_version(), base.config_version());
         assert_eq!(base.kafka.topics.summaries, "topk.music.plays.summaries");
+    }
+
+    #[test]
+    fn a_region_renders_the_global_metrics_topic_and_mounts_its_secrets_for_reducers() {
+        let base = config(&full_spec());
+        let region = base.region.clone().expect("a region");
+        assert_eq!(
+            (region.region.as_str(), region.epoch, region.topic.as_str()),
+            ("eu", 1, "topk.global.plays-global.summaries")
+        );
+        let reducer_keys = base.reducer_secret_keys();
+        assert!(reducer_keys.iter().any(|k| k.secret == "global-user"));
+        assert!(
+            !base
+                .kafka
+                .secret_keys()
+                .iter()
+                .any(|k| k.secret == "global-user")
+        );
+        // The global metric in this metric's namespace by default; naming itself is refused.
+        let mut spec = full_spec();
+        spec["region"]["global"] = json!({"name": "plays-global"});
+        let same_namespace = config(&spec).region.expect("a region");
+        assert_eq!(same_namespace.topic, "topk.music.plays-global.summaries");
+        assert_eq!(same_namespace.cluster, None);
+        spec["region"]["global"] = json!({"name": "plays"});
+        let metric: TopKMetric = serde_json::from_value(json!({
+            "apiVersion": "topk.io/v1alpha1", "kind": "TopKMetric",
+            "metadata": {"name": "plays", "namespace": "music"}, "spec": spec,
+        }))
+        .expect("a TopKMetric");
+        let refused = DataPlaneConfig::from_metric(&metric).expect_err("refused");
+        assert!(
+            refused.to_string().contains("names this metric itself"),
+            "{refused}"
+        );
     }
 
     #[test]

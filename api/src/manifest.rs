@@ -199,6 +199,11 @@ pub struct TopKMetricSpec {
     /// removed or pointed at other brokers later: the internal topics hold the metric's state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub internal_kafka: Option<KafkaCluster>,
+    /// A regional metric: its reducers also send every list they publish to a global metric,
+    /// whose reducers add the regions' lists up (see docs/reducer.md). Changing it restarts
+    /// the reducers only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<RegionSpec>,
     /// What happens to the workers' and reducers' volumes when the metric is deleted or
     /// workers scale down (default: deleted in both cases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -615,6 +620,37 @@ pub struct TrendingSpec {
     pub smoothing: Option<f64>,
 }
 
+/// Where a regional metric's lists go: see [`TopKMetricSpec::region`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegionSpec {
+    /// This region's name, as the global metric lists it.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Raise it when the region moves to new brokers or a new cluster (default 1): the global
+    /// metric then ignores what the old deployment still sends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub epoch: Option<u64>,
+    pub global: GlobalMetricRef,
+}
+
+/// The global TopKMetric a region sends its lists to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GlobalMetricRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Default: this metric's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// The global metric's internal Kafka cluster, when it is not this metric's internal one
+    /// (another region's brokers, say). Secrets are read from this metric's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<KafkaCluster>,
+}
+
 pub const DEFAULT_TRENDING_MIN_COUNT: u64 = 5;
 pub const DEFAULT_TRENDING_SMOOTHING: f64 = 1.0;
 
@@ -809,6 +845,10 @@ pub struct RankingSummary {
     /// Event time up to which the list's counts are exact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exact_until: Option<String>,
+    /// A global metric's list: the regions it had to leave out (their lists of its window end
+    /// did not arrive in time).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_regions: Vec<String>,
     pub items: Vec<RankingSummaryItem>,
 }
 
@@ -1151,6 +1191,22 @@ impl TopKMetricSpec {
                 problems.push("spec.internalKafka.bootstrapServers must not be empty".to_owned());
             }
             problems.extend(internal.security().problems("spec.internalKafka"));
+        }
+        if let Some(region) = &self.region {
+            if region.name.trim().is_empty() {
+                problems.push("spec.region.name must not be empty".to_owned());
+            }
+            if region.global.name.trim().is_empty() {
+                problems.push("spec.region.global.name must not be empty".to_owned());
+            }
+            if let Some(kafka) = &region.global.kafka {
+                if kafka.bootstrap_servers.trim().is_empty() {
+                    problems.push(
+                        "spec.region.global.kafka.bootstrapServers must not be empty".to_owned(),
+                    );
+                }
+                problems.extend(kafka.security().problems("spec.region.global.kafka"));
+            }
         }
         if self.windows.is_empty() {
             problems.push("spec.windows needs at least one window".to_owned());

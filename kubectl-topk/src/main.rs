@@ -477,6 +477,33 @@ fn render_list(list: &Value) -> String {
         list["maxOvercount"],
         if list["stale"] == true { "  STALE" } else { "" },
     );
+    // A global metric's list: the regions it adds up, and those it had to leave out.
+    if let Some(complete) = list["completeRegions"].as_array() {
+        let names = |regions: Option<&Vec<Value>>| {
+            let names: Vec<&str> = regions
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            if names.is_empty() {
+                "-".to_owned()
+            } else {
+                names.join(",")
+            }
+        };
+        let missing = list["missingRegions"].as_array();
+        let _ = writeln!(
+            out,
+            "regions {}  missing {}{}",
+            names(Some(complete)),
+            names(missing),
+            if missing.is_some_and(|m| !m.is_empty()) {
+                "  INCOMPLETE"
+            } else {
+                ""
+            },
+        );
+    }
     let items = list["items"].as_array().cloned().unwrap_or_default();
     let width = items
         .iter()
@@ -680,6 +707,20 @@ mod tests {
             "{text}"
         );
         assert_eq!(encode("eu west/1"), "eu%20west%2F1");
+    }
+
+    #[test]
+    fn a_global_list_names_its_regions_and_says_when_one_is_missing() {
+        let mut list = serde_json::json!({
+            "metric": "plays", "scope": "", "window": "1m", "version": 2,
+            "completeRegions": ["eu"], "missingRegions": ["us"], "items": [],
+        });
+        assert!(render_list(&list).contains("\nregions eu  missing us  INCOMPLETE\n"));
+        list["completeRegions"] = serde_json::json!(["eu", "us"]);
+        list["missingRegions"] = serde_json::json!([]);
+        assert!(render_list(&list).contains("\nregions eu,us  missing -\n"));
+        list.as_object_mut().map(|l| l.remove("completeRegions"));
+        assert!(!render_list(&list).contains("regions"));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use kube::{Resource, ResourceExt};
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 pub use topk_api::dataplane::CONFIG_KEY;
 use topk_api::dataplane::KafkaConfig;
-use topk_api::kafka::KAFKA_SECRETS_DIR;
+use topk_api::kafka::{KAFKA_SECRETS_DIR, SecretKey};
 use topk_api::manifest::KafkaCluster;
 pub use topk_api::names::Names;
 use topk_api::{Component, DataPlaneConfig, TopKMetric};
@@ -404,7 +404,7 @@ fn tokenless_pod(
     kafka: &KafkaConfig,
 ) -> PodSpec {
     let main = http_container(container(command, &[], settings, resources));
-    let mut pod = pod_spec(names, main, Vec::new(), kafka);
+    let mut pod = pod_spec(names, main, Vec::new(), &kafka.secret_keys());
     pod.automount_service_account_token = Some(false);
     pod
 }
@@ -609,7 +609,12 @@ fn statefulset(
     config: &DataPlaneConfig,
     settings: &Settings,
 ) -> Result<StatefulSet, Error> {
-    let kafka = &config.kafka;
+    // Reducers of a regional metric also connect to the global metric's cluster.
+    let secret_keys = if component == "worker" {
+        config.kafka.secret_keys()
+    } else {
+        config.reducer_secret_keys()
+    };
     let config_hash = config.rollout_hash(if component == "worker" {
         Component::Worker
     } else {
@@ -686,7 +691,7 @@ fn statefulset(
                     )])),
                     ..Default::default()
                 }),
-                spec: Some(pod_spec(names, main, Vec::new(), kafka)),
+                spec: Some(pod_spec(names, main, Vec::new(), &secret_keys)),
             },
             volume_claim_templates: Some(vec![state_claim]),
             persistent_volume_claim_retention_policy: Some(
@@ -827,7 +832,7 @@ fn pod_spec(
     names: &Names,
     mut container: Container,
     extra_volumes: Vec<Volume>,
-    kafka: &KafkaConfig,
+    secret_keys: &[SecretKey],
 ) -> PodSpec {
     let mut volumes = vec![Volume {
         name: "config".to_owned(),
@@ -837,7 +842,7 @@ fn pod_spec(
         }),
         ..Default::default()
     }];
-    if let Some(secrets) = kafka_secrets_volume(kafka) {
+    if let Some(secrets) = kafka_secrets_volume(secret_keys) {
         container
             .volume_mounts
             .get_or_insert_with(Vec::new)
@@ -863,16 +868,14 @@ fn pod_spec(
     }
 }
 
-/// The Secret keys `kafka` references (both clusters'), projected as `SECRET/KEY` files (what
-/// the data plane reads under [`KAFKA_SECRETS_DIR`]); readable by the pod's user only. None
-/// without any.
-fn kafka_secrets_volume(kafka: &KafkaConfig) -> Option<Volume> {
-    let keys = kafka.secret_keys();
+/// The Secret keys a pod's Kafka clients read, projected as `SECRET/KEY` files (what the data
+/// plane reads under [`KAFKA_SECRETS_DIR`]); readable by the pod's user only. None without any.
+fn kafka_secrets_volume(keys: &[SecretKey]) -> Option<Volume> {
     if keys.is_empty() {
         return None;
     }
     let mut by_secret: BTreeMap<&str, Vec<KeyToPath>> = BTreeMap::new();
-    for key in &keys {
+    for key in keys {
         by_secret.entry(&key.secret).or_default().push(KeyToPath {
             key: key.key.clone(),
             path: key.path(),
@@ -944,7 +947,8 @@ pub fn recount_job(
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     };
-    let mut pod = pod_spec(&names, container, vec![scratch], &KafkaConfig::of(metric)?);
+    let secret_keys = KafkaConfig::of(metric)?.secret_keys();
+    let mut pod = pod_spec(&names, container, vec![scratch], &secret_keys);
     pod.restart_policy = Some("Never".to_owned());
     Ok(Job {
         metadata,

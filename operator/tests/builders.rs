@@ -683,3 +683,34 @@ fn combiners_run_only_for_an_input_not_keyed_for_topk_without_volumes_or_api_tok
     assert_eq!(hash(&changed.worker), hash(&d.worker));
     assert_eq!(hash(&changed.reducer), hash(&d.reducer));
 }
+
+#[test]
+fn a_regional_metric_rolls_and_mounts_the_global_clusters_secret_for_its_reducers_only() {
+    let base = fixture();
+    let mut metric = base.clone();
+    metric.spec.region = Some(
+        serde_json::from_value(serde_json::json!({"name": "eu-west", "global": {
+            "name": "plays-global", "namespace": "global", "kafka": {
+                "bootstrapServers": "global:9093",
+                "authentication": {"type": "scram-sha-512", "username": "topk",
+                    "passwordSecret": {"secretName": "global-user", "password": "password"}}}}}))
+        .expect("region"),
+    );
+    let (before, after) = (hash_of(&base), hash_of(&metric));
+    assert_eq!(before.0, after.0, "workers do not restart");
+    assert_ne!(before.1, after.1, "reducers restart");
+    let d = desired(
+        &metric,
+        &Rollout::settled(&metric, plan(metric.spec.shards, None, 3)),
+        &Settings::default(),
+    )
+    .expect("desired");
+    let volumes = |sts: &k8s_openapi::api::apps::v1::StatefulSet| {
+        let pod = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        serde_json::to_string(&pod.volumes).unwrap()
+    };
+    assert!(volumes(&d.reducer).contains("global-user"));
+    assert!(!volumes(&d.worker).contains("global-user"));
+    let region = rendered(&d).region.expect("rendered");
+    assert_eq!(region.topic, "topk.global.plays-global.summaries");
+}

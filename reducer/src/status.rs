@@ -36,7 +36,7 @@ pub fn status_fields(
     let rankings: Vec<Value> = global
         .iter()
         .map(|r| {
-            json!({
+            let mut summary = json!({
                 "window": r.window,
                 "asOf": r.as_of,
                 "watermark": r.watermark,
@@ -44,7 +44,11 @@ pub fn status_fields(
                 "items": r.items.iter().take(STATUS_ITEMS).map(|i| json!({
                     "rank": i.rank, "key": i.key, "count": i.count,
                 })).collect::<Vec<_>>(),
-            })
+            });
+            if let Some(coverage) = r.regions.as_ref().filter(|c| !c.complete()) {
+                summary["missingRegions"] = json!(coverage.missing_regions);
+            }
+            summary
         })
         .collect();
     let lag = parse_rfc3339_ms(&first.watermark).map(|wm| {

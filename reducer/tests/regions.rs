@@ -22,8 +22,9 @@ const MINUTE: i64 = 60_000;
 const T0: i64 = 1_790_000_000_000 / MINUTE * MINUTE;
 const WAIT: Duration = Duration::from_millis(1_500);
 
-/// The rendered config of a metric named `name` counting `plays` in one-minute windows.
-fn rendered(name: &str, bootstrap: &str) -> DataPlaneConfig {
+/// The rendered config of a metric named `name` counting `plays` in one-minute windows, with
+/// `more` (YAML) in its spec.
+fn rendered(name: &str, bootstrap: &str, more: &str) -> DataPlaneConfig {
     let manifest = format!(
         "apiVersion: topk.io/v1alpha1
 kind: TopKMetric
@@ -36,7 +37,7 @@ spec:
   k: 3
   windows:
     - {{name: 1m, length: 1m, bucket: 1m}}
-"
+{more}"
     );
     DataPlaneConfig::parse(&manifest).expect("a valid manifest")
 }
@@ -169,22 +170,25 @@ fn a_global_metric_adds_up_its_regions_and_names_a_missing_one() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let kafka = || topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap);
     let global_name = unique_name("plays-global");
-    let mut global_config = rendered(&global_name, &env.kafka_bootstrap);
+    let mut global_config = rendered(&global_name, &env.kafka_bootstrap, "");
     global_config.regions = Some(RegionInputs {
         regions: vec!["eu".into(), "us".into()],
         wait: topk_api::Duration::from_millis(WAIT.as_millis() as i64),
     });
     let regional = |region: &str| {
-        let mut config = rendered(
+        let more = format!("  region: {{name: {region}, global: {{name: {global_name}}}}}\n");
+        let config = rendered(
             &unique_name(&format!("plays-{region}")),
             &env.kafka_bootstrap,
+            &more,
         );
-        config.region = Some(RegionOutput {
+        let expected = RegionOutput {
             region: region.into(),
             epoch: 1,
             topic: global_config.kafka.topics.summaries.clone(),
             cluster: None,
-        });
+        };
+        assert_eq!(config.region, Some(expected), "the spec renders the region");
         config
     };
     let (eu, us) = (regional("eu"), regional("us"));

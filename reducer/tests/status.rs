@@ -54,6 +54,10 @@ fn status_fields_are_bounded_and_global_only() {
     assert_eq!(rankings[1]["items"].as_array().map(Vec::len), Some(2));
     assert_eq!(fields["leader"], "song-0");
     assert_eq!(fields["watermarkLag"], "4s");
+    assert!(
+        rankings[0].get("missingRegions").is_none(),
+        "not a global metric"
+    );
     assert!(status_fields(&[&eu], None, NOW).is_none());
 }
 
@@ -103,6 +107,11 @@ async fn the_reducer_and_the_operator_share_the_status() {
         .expect("operator status");
     let mut second = list("1h", "", 8);
     second.items.reverse();
+    // A global metric's list without one of its regions says so in the status.
+    second.regions = Some(topk_api::record::RegionCoverage {
+        complete_regions: vec!["eu".into()],
+        missing_regions: vec!["us".into()],
+    });
     write(
         &client,
         &ns,
@@ -125,6 +134,7 @@ async fn the_reducer_and_the_operator_share_the_status() {
     assert_eq!(status.rankings.len(), 1);
     assert_eq!(status.rankings[0].items.len(), STATUS_ITEMS);
     assert_eq!(status.rankings[0].items[0].key, "song-7");
+    assert_eq!(status.rankings[0].missing_regions, ["us"]);
     let managers: Vec<String> = got
         .metadata
         .managed_fields
