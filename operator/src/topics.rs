@@ -238,10 +238,19 @@ pub async fn kafka_credentials(
     namespace: &str,
 ) -> Result<(KafkaClients, String), TopicProblem> {
     let kafka = KafkaConfig::of(metric).map_err(|e| TopicProblem::Credentials(e.to_string()))?;
+    // A regional metric's reducers also connect to its global metric's cluster: its Secrets
+    // are checked here and roll the pods when rotated, like the metric's own.
+    let global = (metric.spec.region.as_ref()).and_then(|region| region.global.kafka.as_ref());
+    let mut keys = kafka.secret_keys();
+    keys.extend(
+        global
+            .map(|cluster| cluster.security().secret_keys())
+            .unwrap_or_default(),
+    );
     let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
     let mut read: HashMap<SecretKey, Result<String, String>> = HashMap::new();
     let mut fetched: HashMap<String, Result<Option<Secret>, String>> = HashMap::new();
-    for key in kafka.secret_keys() {
+    for key in keys {
         if !fetched.contains_key(&key.secret) {
             let secret = secrets
                 .get_opt(&key.secret)
@@ -260,15 +269,22 @@ pub async fn kafka_credentials(
         };
         read.insert(key, value);
     }
+    // A key may serve twice (one CA for the brokers and the token endpoint, one Secret for
+    // both clusters): look up, never take.
+    let lookup = |key: &SecretKey| {
+        read.get(key)
+            .cloned()
+            .unwrap_or_else(|| Err("not read".to_owned()))
+    };
     let properties = kafka
-        // A key may serve twice (one CA for the brokers and the token endpoint, one Secret
-        // for both clusters): look up, never take.
-        .properties(|key| {
-            read.get(key)
-                .cloned()
-                .unwrap_or_else(|| Err("not read".to_owned()))
-        })
+        .properties(lookup)
         .map_err(|e| TopicProblem::Credentials(e.to_string()))?;
+    if let Some(cluster) = global {
+        cluster
+            .security()
+            .properties(&cluster.bootstrap_servers, lookup)
+            .map_err(|e| TopicProblem::Credentials(format!("spec.region.global.kafka: {e}")))?;
+    }
     let versions: BTreeMap<&String, Option<String>> = fetched
         .iter()
         .map(|(name, secret)| {

@@ -45,7 +45,11 @@ async fn create_secret(client: &Client, ns: &str, name: &str, data: &[(&str, Str
 }
 
 async fn create_metric(client: &Client, ns: &str, name: &str, kafka_source: &str) {
-    let manifest = metric_manifest_from(name, "plays", kafka_source, SPEC);
+    create_metric_with(client, ns, name, kafka_source, SPEC).await;
+}
+
+async fn create_metric_with(client: &Client, ns: &str, name: &str, kafka_source: &str, spec: &str) {
+    let manifest = metric_manifest_from(name, "plays", kafka_source, spec);
     let metric = topk_api::load_manifest(&manifest).expect("manifest");
     Api::<TopKMetric>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &metric)
@@ -112,6 +116,11 @@ async fn secured_brokers_work_and_refused_credentials_say_why() {
         "secretName: absent, password",
     );
     create_metric(&client, &ns, "unreadable", &absent).await;
+    // A regional metric whose global metric's cluster names a Secret that is not there.
+    let region_absent = format!(
+        "{SPEC}\nregion: {{name: eu, global: {{name: global, kafka: {{bootstrapServers: \"global:9093\", authentication: {{type: scram-sha-512, username: topk, passwordSecret: {{secretName: absent-global, password: password}}}}}}}}}}"
+    );
+    create_metric_with(&client, &ns, "region-unreadable", &scram, &region_absent).await;
     let settings = Settings {
         drain: Duration::from_secs(600),
         ..Settings::default()
@@ -135,6 +144,13 @@ async fn secured_brokers_work_and_refused_credentials_say_why() {
     let message = await_degraded(&metrics, "unreadable", "KafkaCredentialsUnavailable").await;
     assert!(
         message.contains("\"absent\"") && message.contains("no such Secret"),
+        "{message}"
+    );
+
+    let message =
+        await_degraded(&metrics, "region-unreadable", "KafkaCredentialsUnavailable").await;
+    assert!(
+        message.contains("spec.region.global.kafka") && message.contains("\"absent-global\""),
         "{message}"
     );
 
