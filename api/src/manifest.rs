@@ -1346,6 +1346,12 @@ impl TopKMetricSpec {
 mod tests {
     use super::*;
 
+    /// Why the engine refuses the spec of `yaml`.
+    fn refusal(yaml: &str) -> String {
+        let metric = load_manifest(yaml).expect("a manifest");
+        metric.spec.engine_config().unwrap_err().to_string()
+    }
+
     const ISSUE_EXAMPLE: &str = r#"
 apiVersion: topk.io/v1alpha1
 kind: TopKMetric
@@ -1470,12 +1476,7 @@ spec:
             .replace("k: 100", "k: 2000")
             .replace("bucket: 10s", "bucket: 7s")
             .replace("epsilon: 0.0001", "epsilon: 1.5");
-        let err = load_manifest(&bad)
-            .unwrap()
-            .spec
-            .engine_config()
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&bad);
         for want in [
             "spec.sketch.epsilon must be in (0, 1)",
             "spec.sketch.candidates (1000) must be at least k (2000)",
@@ -1488,12 +1489,7 @@ spec:
     #[test]
     fn combiners_need_an_input_keyed_by_anything_and_a_sane_interval() {
         let keyed = format!("{ISSUE_EXAMPLE}  combiners: {{replicas: 2, flushInterval: 2m}}\n");
-        let err = load_manifest(&keyed)
-            .unwrap()
-            .spec
-            .engine_config()
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&keyed);
         for want in [
             "spec.combiners only run for spec.source.partitionedBy: any",
             "spec.combiners.flushInterval must be positive and at most 1m",
@@ -1559,21 +1555,11 @@ spec:
             ),
         ] {
             let yaml = ISSUE_EXAMPLE.replace("{name: all, allTime: true}", window);
-            let err = load_manifest(&yaml)
-                .unwrap()
-                .spec
-                .engine_config()
-                .unwrap_err()
-                .to_string();
+            let err = refusal(&yaml);
             assert!(err.contains(want), "{window}: missing {want:?} in {err}");
         }
         let without_recount = format!("{refreshed}  recount: {{enabled: false}}\n");
-        let err = load_manifest(&without_recount)
-            .unwrap()
-            .spec
-            .engine_config()
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&without_recount);
         assert!(err.contains("enable recount or remove refresh"), "{err}");
     }
 
@@ -1616,12 +1602,7 @@ spec:
             ),
         ] {
             let yaml = format!("{ISSUE_EXAMPLE}  trending: {spec}\n");
-            let err = load_manifest(&yaml)
-                .unwrap()
-                .spec
-                .engine_config()
-                .unwrap_err()
-                .to_string();
+            let err = refusal(&yaml);
             assert!(err.contains(want), "{spec}: missing {want:?} in {err}");
         }
         let named = ISSUE_EXAMPLE.replace(
@@ -1659,12 +1640,7 @@ spec:
                 "topic: api-events}, partitionedBy: any}"
             )
         );
-        let err = load_manifest(&wrong)
-            .unwrap()
-            .spec
-            .engine_config()
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&wrong);
         for want in [
             "spec.dedupe.horizon must be at most 1h, got 2h",
             "spec.dedupe.maxIdsPerShard must be between 1 and 100000000, got 0",
@@ -1677,12 +1653,7 @@ spec:
     #[test]
     fn sketch_without_approximate_and_unknown_fields_are_rejected() {
         let exact = ISSUE_EXAMPLE.replace("mode: approximate", "mode: exact");
-        let err = load_manifest(&exact)
-            .unwrap()
-            .spec
-            .engine_config()
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&exact);
         assert!(
             err.contains("spec.sketch is only allowed with mode: approximate"),
             "{err}"
