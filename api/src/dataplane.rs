@@ -123,6 +123,8 @@ impl Default for IngestLimits {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KafkaConfig {
     pub bootstrap_servers: String,
+    /// Empty for a global metric, which has no input (its cluster is its internal one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub input_topic: String,
     pub topics: TopicNames,
     /// TLS, authentication and client properties: Secret references only, never a secret.
@@ -334,13 +336,29 @@ impl KafkaConfig {
     /// the operator also connects to delete the topics of a metric whose spec is invalid.
     pub fn of(metric: &TopKMetric) -> Result<Self, ApiError> {
         let (name, namespace) = name_and_namespace(metric);
-        let source = &metric.spec.source.kafka;
+        let topics = TopicNames::of(&namespace, &name);
+        let internal = metric.internal_kafka()?;
+        let Some(source) = &metric.spec.source else {
+            // A global metric reads and writes its internal topics only.
+            let Some(cluster) = internal else {
+                return Err(ApiError::Invalid(vec![
+                    "a global metric (spec.regions) needs spec.internalKafka: the cluster its regions send their lists to".to_owned(),
+                ]));
+            };
+            return Ok(Self {
+                security: cluster.security(),
+                bootstrap_servers: cluster.bootstrap_servers,
+                input_topic: String::new(),
+                topics,
+                internal: None,
+            });
+        };
         Ok(Self {
-            bootstrap_servers: source.bootstrap_servers.clone(),
-            input_topic: source.topic.clone(),
-            topics: TopicNames::of(&namespace, &name),
-            security: source.security(),
-            internal: metric.internal_kafka()?.map(|cluster| ClusterConfig {
+            bootstrap_servers: source.kafka.bootstrap_servers.clone(),
+            input_topic: source.kafka.topic.clone(),
+            topics,
+            security: source.kafka.security(),
+            internal: internal.map(|cluster| ClusterConfig {
                 security: cluster.security(),
                 bootstrap_servers: cluster.bootstrap_servers,
             }),
@@ -443,11 +461,26 @@ impl DataPlaneConfig {
                 }
                 None => None,
             },
-            regions: None,
+            regions: spec.regions.as_ref().map(|regions| RegionInputs {
+                regions: regions.names.clone(),
+                wait: regions.wait.unwrap_or(DEFAULT_REGION_WAIT),
+            }),
             engine,
             name,
             namespace,
         })
+    }
+
+    /// Refuses a global metric's config for `topk command`, which needs events: a global
+    /// metric runs reducers only.
+    pub fn needs_input(&self, command: &str) -> Result<(), ApiError> {
+        match self.regions {
+            Some(_) => Err(ApiError::Invalid(vec![format!(
+                "{} is a global metric (spec.regions): it counts no events, so `topk {command}` has nothing to do; only `topk reducer` runs for it",
+                self.name
+            )])),
+            None => Ok(()),
+        }
     }
 
     /// Reads a rendered config (JSON, as the operator writes it) or a TopKMetric manifest
@@ -667,6 +700,19 @@ mod tests {
                 Restarts(REDUCER),
             ),
             ("metric", "/metric", json!("other"), Restarts(ALL)),
+            // Set on a global metric (see `global_spec`).
+            (
+                "regions.names",
+                "/regions/names",
+                json!(["eu", "us", "ap"]),
+                Restarts(REDUCER),
+            ),
+            (
+                "regions.wait",
+                "/regions/wait",
+                json!("20s"),
+                Restarts(REDUCER),
+            ),
             (
                 "source.partitionedBy",
                 "",
@@ -1328,6 +1374,33 @@ mod tests {
         })
     }
 
+    /// A global metric with `full`'s windows, k and internal cluster: no input, no counting.
+    fn global_spec(full: &Value) -> Value {
+        let mut spec = full.clone();
+        let fields = spec.as_object_mut().expect("object");
+        for field in [
+            "source",
+            "shards",
+            "workers",
+            "combiners",
+            "ingest",
+            "dedupe",
+            "trending",
+            "recount",
+            "region",
+        ] {
+            fields.remove(field);
+        }
+        for window in fields["windows"].as_array_mut().expect("windows") {
+            window.as_object_mut().expect("window").remove("refresh");
+        }
+        fields.insert(
+            "regions".to_owned(),
+            json!({"names": ["eu", "us"], "wait": "10s"}),
+        );
+        spec
+    }
+
     fn config(spec: &Value) -> DataPlaneConfig {
         let metric: TopKMetric = serde_json::from_value(json!({
             "apiVersion": "topk.io/v1alpha1", "kind": "TopKMetric",
@@ -1381,6 +1454,8 @@ mod tests {
                 spec.as_object_mut().expect("object").remove("combiners");
                 spec["dedupe"] = json!({"horizon": "1m", "maxIdsPerShard": 1000});
                 spec
+            } else if path.starts_with("regions.") {
+                global_spec(&full)
             } else if path == "recount.enabled" {
                 // A refreshed window needs recounts.
                 let mut spec = full.clone();

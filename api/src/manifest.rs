@@ -102,15 +102,25 @@ const DEFAULT_CANDIDATES: u32 = 1000;
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(
-    validation = Rule::new("!has(self.workers) || (self.workers.replicas >= 1 && self.workers.replicas <= self.shards)")
+    validation = Rule::new("has(self.source) != has(self.regions)")
+        .message("set exactly one of source (a metric that counts events) and regions (a global metric that adds up regional metrics' lists)"),
+    validation = Rule::new("has(self.regions) || has(self.shards)")
+        .message("shards is required: the partitions of the input topic"),
+    validation = Rule::new("!has(self.regions) || !(has(self.shards) || has(self.workers) || has(self.combiners) || has(self.ingest) || has(self.dedupe) || has(self.trending) || has(self.recount) || has(self.region) || self.windows.exists(w, has(w.refresh)))")
+        .message("a global metric (regions) counts no events: remove shards, workers, combiners, ingest, dedupe, trending, recount, region and windows' refresh"),
+    validation = Rule::new("!has(self.regions) || has(self.internalKafka)")
+        .message("a global metric (regions) needs internalKafka: the cluster its regions send their lists to"),
+    validation = Rule::new("has(self.regions) == has(oldSelf.regions)")
+        .message("a metric cannot change between counting events (source) and adding up regions (regions); create a new TopKMetric"),
+    validation = Rule::new("!has(self.workers) || (has(self.shards) && self.workers.replicas >= 1 && self.workers.replicas <= self.shards)")
         .message("workers.replicas must be between 1 and shards; lower the replicas or raise shards (shards cannot change later)"),
     validation = Rule::new("!has(self.sketch) || self.mode == 'approximate'")
         .message("sketch is only allowed with mode: approximate; remove sketch or set mode: approximate"),
-    validation = Rule::new("!has(self.combiners) || (has(self.source.partitionedBy) && self.source.partitionedBy == 'any')")
+    validation = Rule::new("!has(self.combiners) || (has(self.source) && has(self.source.partitionedBy) && self.source.partitionedBy == 'any')")
         .message("combiners only run for source.partitionedBy: any; remove combiners or set partitionedBy: any"),
-    validation = Rule::new("!has(self.dedupe) || !has(self.source.partitionedBy) || self.source.partitionedBy == 'key'")
+    validation = Rule::new("!has(self.dedupe) || !has(self.source) || !has(self.source.partitionedBy) || self.source.partitionedBy == 'key'")
         .message("dedupe needs source.partitionedBy: key (every retry of an event on its key's shard); with combiners a retry can reach another input partition"),
-    validation = Rule::new("(has(self.source.partitionedBy) ? self.source.partitionedBy : 'key') == (has(oldSelf.source.partitionedBy) ? oldSelf.source.partitionedBy : 'key')")
+    validation = Rule::new("(has(self.source) && has(self.source.partitionedBy) ? self.source.partitionedBy : 'key') == (has(oldSelf.source) && has(oldSelf.source.partitionedBy) ? oldSelf.source.partitionedBy : 'key')")
         .message("source.partitionedBy cannot change: the workers' input would change under their checkpoints; create a new TopKMetric"),
     validation = Rule::new("has(self.internalKafka) == has(oldSelf.internalKafka) && (!has(self.internalKafka) || self.internalKafka.bootstrapServers == oldSelf.internalKafka.bootstrapServers)")
         .message("internalKafka cannot be added, removed or pointed at other brokers: the internal topics hold the metric's state; create a new TopKMetric")
@@ -119,11 +129,20 @@ pub struct TopKMetricSpec {
     /// Events whose `metric` field equals this are counted; others are skipped.
     #[schemars(length(min = 1, max = MAX_METRIC_NAME))]
     pub metric: String,
-    pub source: Source,
-    /// Logical shards: the partitions of the input topic. Fixed once set.
+    /// The Kafka topic with the events (a metric that counts). A global metric has
+    /// `regions` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+    /// A global metric: it counts nothing itself, its reducers add up the lists of the
+    /// regional metrics (those whose `region.global` names it) sent to its internal cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<RegionsSpec>,
+    /// Logical shards: the partitions of the input topic (required with `source`). Fixed once
+    /// set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_SHARDS))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("shards cannot change once set; create a new TopKMetric (and topic) to reshard"))]
-    pub shards: u32,
+    pub shards: Option<u32>,
     /// The longest list served per (scope, window).
     #[schemars(range(min = 1, max = MAX_K))]
     pub k: u32,
@@ -635,6 +654,21 @@ pub struct RegionSpec {
     pub global: GlobalMetricRef,
 }
 
+/// What a global metric adds up: see [`TopKMetricSpec::regions`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegionsSpec {
+    /// The regions expected (their `region.name`): a window end is published once every one
+    /// of them reported it, or `wait` after the first did, naming the others missing.
+    #[schemars(length(min = 1, max = MAX_REGIONS))]
+    pub names: Vec<String>,
+    /// How long a window end waits for the regions that have not reported it (default 10s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Duration>,
+}
+
+pub const MAX_REGIONS: usize = 64;
+
 /// The global TopKMetric a region sends its lists to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -905,7 +939,19 @@ pub fn load_manifest(yaml: &str) -> Result<TopKMetric, ApiError> {
 impl TopKMetricSpec {
     /// Whether combiners read the input (it is not keyed for topk) and workers their sums.
     pub fn combines(&self) -> bool {
-        self.source.partitioned_by == PartitionedBy::Any
+        self.source
+            .as_ref()
+            .is_some_and(|s| s.partitioned_by == PartitionedBy::Any)
+    }
+
+    /// Whether this is a global metric: it adds up regional metrics' lists and counts nothing.
+    pub fn is_global(&self) -> bool {
+        self.regions.is_some()
+    }
+
+    /// Logical shards; a global metric's reducers merge one stream of region lists.
+    pub fn shards(&self) -> u32 {
+        self.shards.unwrap_or(1)
     }
 
     /// The recount settings with their defaults.
@@ -913,7 +959,8 @@ impl TopKMetricSpec {
         let spec = self.recount.as_ref();
         let lateness = self.allowed_lateness.unwrap_or(DEFAULT_LATENESS);
         RecountSettings {
-            enabled: spec.is_none_or(|r| r.enabled),
+            // A global metric has no input to recount.
+            enabled: !self.is_global() && spec.is_none_or(|r| r.enabled),
             grace_ms: spec
                 .and_then(|r| r.grace)
                 .unwrap_or(DEFAULT_RECOUNT_GRACE.max(lateness))
@@ -957,6 +1004,64 @@ impl TopKMetricSpec {
             .unwrap_or(DEFAULT_MIN_RECALL)
     }
 
+    /// What a global metric may not have: everything that counts events itself.
+    fn global_problems(&self, regions: &RegionsSpec) -> Vec<String> {
+        let mut problems = Vec::new();
+        let counting = [
+            ("shards", self.shards.is_some()),
+            ("workers", self.workers.is_some()),
+            ("combiners", self.combiners.is_some()),
+            ("ingest", self.ingest.is_some()),
+            ("dedupe", self.dedupe.is_some()),
+            ("trending", self.trending.is_some()),
+            ("recount", self.recount.is_some()),
+            ("region", self.region.is_some()),
+        ];
+        let present: Vec<&str> = counting
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(field, _)| *field)
+            .collect();
+        if !present.is_empty() {
+            problems.push(format!(
+                "a global metric (spec.regions) counts no events itself: remove spec.{}",
+                present.join(", spec.")
+            ));
+        }
+        if let Some(w) = self.windows.iter().find(|w| w.refresh.is_some()) {
+            problems.push(format!(
+                "spec.windows ({:?}): a global metric's windows have no refresh (its regions' lists are merged as they come); remove refresh",
+                w.name
+            ));
+        }
+        if self.internal_kafka.is_none() {
+            problems.push("a global metric (spec.regions) needs spec.internalKafka: the cluster its regions send their lists to".to_owned());
+        }
+        if regions.names.is_empty() || regions.names.len() > MAX_REGIONS {
+            problems.push(format!(
+                "spec.regions.names must list between 1 and {MAX_REGIONS} regions, got {}",
+                regions.names.len()
+            ));
+        }
+        for (i, name) in regions.names.iter().enumerate() {
+            if name.trim().is_empty() || name.len() > 63 {
+                problems.push(format!(
+                    "spec.regions.names[{i}] must be 1 to 63 bytes, got {:?}",
+                    name
+                ));
+            }
+            if regions.names[..i].contains(name) {
+                problems.push(format!(
+                    "spec.regions.names[{i}] ({name:?}) is listed twice"
+                ));
+            }
+        }
+        if regions.wait.is_some_and(|w| w.as_millis() <= 0) {
+            problems.push("spec.regions.wait must be positive".to_owned());
+        }
+        problems
+    }
+
     /// What is wrong with `refresh` on window `w`, if anything.
     fn refresh_problem(&self, w: &WindowSpec, refresh: Duration) -> Option<String> {
         let bucket = if w.all_time {
@@ -991,8 +1096,22 @@ impl TopKMetricSpec {
         if self.metric.trim().is_empty() {
             problems.push("spec.metric must not be empty".to_owned());
         }
-        if self.source.kafka.topic.trim().is_empty() {
-            problems.push("spec.source.kafka.topic must not be empty".to_owned());
+        match (&self.source, &self.regions) {
+            (Some(source), None) => {
+                if source.kafka.topic.trim().is_empty() {
+                    problems.push("spec.source.kafka.topic must not be empty".to_owned());
+                }
+                if self.shards.is_none() {
+                    problems.push(
+                        "spec.shards is required: the partitions of the input topic".to_owned(),
+                    );
+                }
+                problems.extend(source.kafka.security().problems("spec.source.kafka"));
+            }
+            (None, Some(regions)) => problems.extend(self.global_problems(regions)),
+            _ => problems.push(
+                "set exactly one of spec.source (a metric that counts events) and spec.regions (a global metric that adds up regional metrics' lists)".to_owned(),
+            ),
         }
         let mut bounded = |field: &str, value: u64, min: u64, max: u64| {
             if !(min..=max).contains(&value) {
@@ -1001,7 +1120,7 @@ impl TopKMetricSpec {
                 ));
             }
         };
-        bounded("shards", self.shards.into(), 1, MAX_SHARDS.into());
+        bounded("shards", self.shards().into(), 1, MAX_SHARDS.into());
         bounded("k", self.k.into(), 1, MAX_K.into());
         if let Some(bytes) = self.max_key_bytes {
             bounded("maxKeyBytes", bytes.into(), 1, MAX_KEY_BYTES.into());
@@ -1033,7 +1152,7 @@ impl TopKMetricSpec {
                 "workers.replicas",
                 workers.replicas.into(),
                 1,
-                self.shards.max(1).into(),
+                self.shards().max(1).into(),
             );
             if let Some(bytes) = workers.max_summary_record_bytes {
                 bounded(
@@ -1140,7 +1259,7 @@ impl TopKMetricSpec {
         if recount.backfill_ms < 3_600_000 {
             problems.push("spec.recount.backfill must be at least 1h".to_owned());
         }
-        if self.combiners.is_some() && self.source.partitioned_by != PartitionedBy::Any {
+        if self.combiners.is_some() && self.source.is_some() && !self.combines() {
             problems.push("spec.combiners only run for spec.source.partitionedBy: any; remove combiners or set partitionedBy: any".to_owned());
         }
         let flush = self.combiners.as_ref().and_then(|c| c.flush_interval);
@@ -1185,7 +1304,6 @@ impl TopKMetricSpec {
                     .push("spec.denyKeysFrom.configMapKeyRef needs both name and key".to_owned());
             }
         }
-        problems.extend(self.source.kafka.security().problems("spec.source.kafka"));
         if let Some(internal) = &self.internal_kafka {
             if internal.bootstrap_servers.trim().is_empty() {
                 problems.push("spec.internalKafka.bootstrapServers must not be empty".to_owned());
@@ -1313,7 +1431,7 @@ impl TopKMetricSpec {
         }
         let config = EngineConfig {
             metric: self.metric.clone(),
-            shards: self.shards,
+            shards: self.shards(),
             k: self.k as usize,
             mode,
             allowed_lateness_ms: lateness.as_millis(),
@@ -1369,6 +1487,83 @@ spec:
     - {name: 1h, length: 1h, bucket: 1m}
     - {name: all, allTime: true}
 "#;
+
+    const GLOBAL: &str = r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {name: plays-global, namespace: topk}
+spec:
+  metric: plays
+  regions: {names: [eu, us], wait: 15s}
+  internalKafka: {bootstrapServers: "global:9092"}
+  k: 10
+  windows:
+    - {name: 1m, length: 1m, bucket: 10s}
+"#;
+
+    #[test]
+    fn a_global_metric_renders_its_regions_and_reads_only_its_internal_cluster() {
+        let metric = load_manifest(GLOBAL).expect("a global manifest");
+        assert!(metric.spec.is_global());
+        assert!(
+            !metric.spec.recount_settings().enabled,
+            "nothing to recount"
+        );
+        let config = crate::DataPlaneConfig::from_metric(&metric).expect("valid");
+        let regions = config.regions.as_ref().expect("regions rendered");
+        assert_eq!(regions.regions, ["eu", "us"]);
+        assert_eq!(regions.wait, Duration::from_millis(15_000));
+        assert_eq!(config.kafka.bootstrap_servers, "global:9092");
+        assert_eq!(
+            (
+                config.kafka.input_topic.as_str(),
+                config.kafka.internal.as_ref()
+            ),
+            ("", None)
+        );
+        assert_eq!(config.engine.shards, 1);
+        let err = config.needs_input("worker").unwrap_err().to_string();
+        assert!(err.contains("only `topk reducer` runs"), "{err}");
+        let topics = crate::topics::metric_topics("topk", "plays-global", &metric.spec);
+        let names: Vec<&str> = topics.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "topk.topk.plays-global.summaries",
+                "topk.topk.plays-global.exact-hours"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_global_metric_refuses_what_counts_events_and_needs_its_cluster() {
+        let counting = GLOBAL.replace(
+            "  k: 10\n",
+            "  k: 10\n  shards: 4\n  workers: {replicas: 2}\n  trending: {window: 1m, baseline: 1m}\n",
+        );
+        let err = refusal(&counting);
+        assert!(
+            err.contains(
+                "counts no events itself: remove spec.shards, spec.workers, spec.trending"
+            ),
+            "{err}"
+        );
+        let err =
+            refusal(&GLOBAL.replace("  internalKafka: {bootstrapServers: \"global:9092\"}\n", ""));
+        assert!(err.contains("needs spec.internalKafka"), "{err}");
+        let err = refusal(&GLOBAL.replace("[eu, us]", "[eu, eu, \"\"]"));
+        assert!(err.contains("(\"eu\") is listed twice"), "{err}");
+        assert!(err.contains("names[2] must be 1 to 63 bytes"), "{err}");
+        let both = GLOBAL.replace(
+            "  k: 10\n",
+            "  k: 10\n  source: {kafka: {bootstrapServers: \"k:9092\", topic: plays}}\n",
+        );
+        assert!(refusal(&both).contains("set exactly one of spec.source"));
+        let neither = GLOBAL.replace("  regions: {names: [eu, us], wait: 15s}\n", "");
+        assert!(refusal(&neither).contains("set exactly one of spec.source"));
+        let unsharded = ISSUE_EXAMPLE.replace("  shards: 64\n", "");
+        assert!(refusal(&unsharded).contains("spec.shards is required"));
+    }
 
     #[test]
     fn the_documented_manifest_loads() {

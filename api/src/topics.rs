@@ -2,6 +2,8 @@
 //! the workers and the reducers. Namespaced, so equal metric names in two namespaces do not
 //! collide.
 
+use crate::manifest::TopKMetricSpec;
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TopicNames {
@@ -82,6 +84,18 @@ pub fn internal_topics(
         let combine = CombineTopics::of(namespace, name);
         topics.push(topic(combine.partials, shards, false));
         topics.push(topic(combine.offsets, 1, true));
+    }
+    topics
+}
+
+/// The internal topics of the metric `spec` describes: [`internal_topics`], or for a global
+/// metric only those its reducers read: summaries (the regions' lists) and exact hours (empty:
+/// a global metric recounts nothing, but every reducer reads the topic).
+pub fn metric_topics(namespace: &str, name: &str, spec: &TopKMetricSpec) -> Vec<InternalTopic> {
+    let mut topics = internal_topics(namespace, name, spec.shards(), spec.combines());
+    if spec.is_global() {
+        let names = TopicNames::of(namespace, name);
+        topics.retain(|t| t.name == names.summaries || t.name == names.exact_hours);
     }
     topics
 }

@@ -62,7 +62,7 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
     let created = create(&api, &manifest(|m| m.to_owned()))
         .await
         .expect("the documented manifest is accepted");
-    assert_eq!(created.spec.shards, 4);
+    assert_eq!(created.spec.shards, Some(4));
 
     let cases: [(&str, Edit, &str); 9] = [
         (

@@ -21,6 +21,7 @@ pub struct CombineArgs {
 
 pub async fn combine(args: CombineArgs) -> Result<(), CliError> {
     let (config, kafka) = args.config.load()?;
+    config.needs_input("combine")?;
     let ordinal = ordinal(args.ordinal)?;
     let settings = topk_combiner::settings(&config, ordinal, kafka)?;
     let (listener, addr) = crate::server::bind(&args.listen).await?;

@@ -30,6 +30,7 @@ pub struct IngestArgs {
 
 pub async fn ingest(args: IngestArgs) -> Result<(), CliError> {
     let mut config = topk_runtime::load_config(&args.config.config)?;
+    config.needs_input("ingest")?;
     // It only produces to the input topic: the internal cluster's credentials are not mounted.
     config.kafka = config.kafka.input_only();
     let kafka = topk_runtime::kafka_properties(&config, &args.config.kafka_secrets)?;

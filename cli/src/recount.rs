@@ -28,6 +28,7 @@ pub struct RecountArgs {
 
 pub async fn recount(args: RecountArgs) -> Result<(), CliError> {
     let (config, kafka) = args.config.load()?;
+    config.needs_input("recount")?;
     let hour = parse_rfc3339_ms(&args.hour).ok_or_else(|| {
         CliError::Usage(format!(
             "--hour {:?} is not an RFC 3339 time (e.g. 2026-09-01T19:00:00Z)",

@@ -89,6 +89,7 @@ pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
 
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = load_config(args.file.as_ref())?;
+    config.needs_input("run")?;
     let name = config.name.clone();
     let state = app_state(&config.engine);
     let deny = config.deny.list(None);

@@ -20,6 +20,7 @@ pub struct WorkerArgs {
 pub async fn worker(args: WorkerArgs) -> Result<(), CliError> {
     let common = &args.common;
     let (config, kafka) = common.config.load()?;
+    config.needs_input("worker")?;
     let ordinal = common.ordinal()?;
     let mut settings = topk_worker::settings(&config, ordinal, kafka)?;
     settings.state_dir = common.state_dir.clone();

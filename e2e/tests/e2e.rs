@@ -1491,7 +1491,9 @@ windows:
     let mut metric: TopKMetric =
         topk_api::load_manifest(&metric_manifest_from("plays", "plays", &source, spec))
             .expect("manifest");
-    metric.spec.source.partitioned_by = topk_api::manifest::PartitionedBy::Any;
+    if let Some(source) = metric.spec.source.as_mut() {
+        source.partitioned_by = topk_api::manifest::PartitionedBy::Any;
+    }
     Api::<TopKMetric>::namespaced(cluster.client.clone(), ns)
         .create(&PostParams::default(), &metric)
         .await

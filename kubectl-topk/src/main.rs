@@ -593,13 +593,16 @@ fn render_counts(counts: &Value) -> String {
 fn render_status(metric: &TopKMetric, table: Option<&AssignmentTable>) -> String {
     let spec = &metric.spec;
     let status = metric.status.clone().unwrap_or_default();
+    let inputs = match &spec.regions {
+        Some(regions) => format!("global of regions {}", regions.names.join(", ")),
+        None => format!("shards {}", spec.shards()),
+    };
     let mut out = format!(
-        "{}/{}  metric {}  mode {}  shards {}  k {}\n",
+        "{}/{}  metric {}  mode {}  {inputs}  k {}\n",
         metric.metadata.namespace.as_deref().unwrap_or("-"),
         metric.metadata.name.as_deref().unwrap_or("-"),
         spec.metric,
         format!("{:?}", spec.mode).to_lowercase(),
-        spec.shards,
         spec.k,
     );
     out.push_str("\nCONDITIONS\n");
@@ -616,16 +619,19 @@ fn render_status(metric: &TopKMetric, table: Option<&AssignmentTable>) -> String
     if let Some(w) = &status.workers {
         let _ = writeln!(out, "\nWORKERS {} ready", w.summary);
     }
-    out.push_str("\nSHARDS\n");
-    match table {
-        Some(table) => {
-            let _ = writeln!(out, "  assignment version {}", table.version);
-            let _ = writeln!(out, "  {:>5}  {:>6}  {:>5}", "SHARD", "WORKER", "EPOCH");
-            for s in &table.shards {
-                let _ = writeln!(out, "  {:>5}  {:>6}  {:>5}", s.shard, s.worker, s.epoch);
+    // A global metric has no shards: its inputs are the regions' lists.
+    if !spec.is_global() {
+        out.push_str("\nSHARDS\n");
+        match table {
+            Some(table) => {
+                let _ = writeln!(out, "  assignment version {}", table.version);
+                let _ = writeln!(out, "  {:>5}  {:>6}  {:>5}", "SHARD", "WORKER", "EPOCH");
+                for s in &table.shards {
+                    let _ = writeln!(out, "  {:>5}  {:>6}  {:>5}", s.shard, s.worker, s.epoch);
+                }
             }
+            None => out.push_str("  (no assignment table yet)\n"),
         }
-        None => out.push_str("  (no assignment table yet)\n"),
     }
     let _ = writeln!(
         out,

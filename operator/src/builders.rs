@@ -103,11 +103,8 @@ pub struct Desired {
     pub role: Role,
     pub role_binding: RoleBinding,
     pub config: ConfigMap,
-    pub assignment: ConfigMap,
-    pub worker_reports: ConfigMap,
-    pub worker_service: Service,
-    pub worker: StatefulSet,
-    pub worker_pdb: PodDisruptionBudget,
+    /// None for a global metric, which counts nothing itself.
+    pub workers: Option<Workers>,
     pub reducer_service: Service,
     pub reducer: StatefulSet,
     pub reducer_pdb: PodDisruptionBudget,
@@ -115,6 +112,16 @@ pub struct Desired {
     pub ingest: Option<Ingest>,
     /// Only for an input not keyed for topk (`source.partitionedBy: any`).
     pub combiners: Option<Combiners>,
+}
+
+/// The workers' objects: the shard assignment they follow, the ConfigMap they report in, and
+/// the pods.
+pub struct Workers {
+    pub assignment: ConfigMap,
+    pub reports: ConfigMap,
+    pub service: Service,
+    pub statefulset: StatefulSet,
+    pub pdb: PodDisruptionBudget,
 }
 
 /// The combiners' objects: stateless pods with ordinals (each reads the input partitions of
@@ -300,31 +307,29 @@ fn config_map(meta: ObjectMeta, data: Option<(&str, String)>) -> ConfigMap {
     }
 }
 
+/// The objects of `metric`; `rollout` is the workers' (None for a global metric, which has
+/// none).
 pub fn desired(
     metric: &TopKMetric,
-    rollout: &Rollout,
+    rollout: Option<&Rollout>,
     settings: &Settings,
 ) -> Result<Desired, Error> {
     let names = Names::of(&metric.name_any());
     let config = DataPlaneConfig::from_metric(metric)?;
-    let table = serde_json::to_string_pretty(&rollout.table).map_err(Error::Build)?;
     let reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
-    let mut assignment = meta(metric, &names.assignment, "assignment")?;
-    assignment.resource_version = rollout.replaces.clone();
-    if let Some(at) = &rollout.table_changed_at {
-        assignment.annotations = Some(BTreeMap::from([(TABLE_CHANGED_AT.to_owned(), at.clone())]));
-    }
     let data_plane = meta(metric, &names.data_plane, "data-plane")?;
+    let workers = match rollout {
+        Some(rollout) => Some(workers(metric, &names, rollout, &config, settings)?),
+        None => None,
+    };
+    let has_workers = workers.is_some();
 
     Ok(Desired {
         config: config_map(
             meta(metric, &names.config, "config")?,
             Some((CONFIG_KEY, config.render())),
         ),
-        assignment: config_map(assignment, Some((ASSIGNMENT_KEY, table))),
-        // Written by the workers (their own keys, their own field manager); the operator only
-        // creates it.
-        worker_reports: config_map(meta(metric, &names.worker_reports, "worker-reports")?, None),
+        workers,
         service_account: ServiceAccount {
             metadata: data_plane.clone(),
             ..Default::default()
@@ -334,33 +339,40 @@ pub fn desired(
         // rollback Events.
         role: Role {
             metadata: data_plane.clone(),
-            rules: Some(vec![
-                rule(
-                    "",
-                    "configmaps",
-                    readable_config_maps(&config),
-                    &["get", "list", "watch"],
-                ),
-                rule(
-                    "",
-                    "configmaps",
-                    vec![names.worker_reports.clone()],
-                    &["get", "patch"],
-                ),
-                rule(
-                    "topk.io",
-                    "topkmetrics",
-                    vec![metric.name_any()],
-                    &["get", "list", "watch"],
-                ),
-                rule(
-                    "topk.io",
-                    "topkmetrics/status",
-                    vec![metric.name_any()],
-                    &["get", "patch"],
-                ),
-                rule("events.k8s.io", "events", Vec::new(), &["create", "patch"]),
-            ]),
+            rules: Some(
+                vec![
+                    rule(
+                        "",
+                        "configmaps",
+                        readable_config_maps(&config, has_workers),
+                        &["get", "list", "watch"],
+                    ),
+                    rule(
+                        "topk.io",
+                        "topkmetrics",
+                        vec![metric.name_any()],
+                        &["get", "list", "watch"],
+                    ),
+                    rule(
+                        "topk.io",
+                        "topkmetrics/status",
+                        vec![metric.name_any()],
+                        &["get", "patch"],
+                    ),
+                    rule("events.k8s.io", "events", Vec::new(), &["create", "patch"]),
+                ]
+                .into_iter()
+                // Workers report released shards in their own ConfigMap.
+                .chain(has_workers.then(|| {
+                    rule(
+                        "",
+                        "configmaps",
+                        vec![names.worker_reports.clone()],
+                        &["get", "patch"],
+                    )
+                }))
+                .collect(),
+            ),
         },
         role_binding: RoleBinding {
             metadata: data_plane,
@@ -376,21 +388,42 @@ pub fn desired(
                 api_group: None,
             }]),
         },
-        worker_service: headless_service(metric, &names.worker, "worker")?,
-        worker: statefulset(
-            metric,
-            &names,
-            "worker",
-            rollout.worker_replicas,
-            &config,
-            settings,
-        )?,
-        worker_pdb: pdb(metric, &names.worker, "worker")?,
         reducer_service: headless_service(metric, &names.reducer, "reducer")?,
         reducer: statefulset(metric, &names, "reducer", reducers, &config, settings)?,
         reducer_pdb: pdb(metric, &names.reducer, "reducer")?,
         ingest: ingest(metric, &names, &config, settings)?,
         combiners: combiners(metric, &names, &config, settings)?,
+    })
+}
+
+fn workers(
+    metric: &TopKMetric,
+    names: &Names,
+    rollout: &Rollout,
+    config: &DataPlaneConfig,
+    settings: &Settings,
+) -> Result<Workers, Error> {
+    let table = serde_json::to_string_pretty(&rollout.table).map_err(Error::Build)?;
+    let mut assignment = meta(metric, &names.assignment, "assignment")?;
+    assignment.resource_version = rollout.replaces.clone();
+    if let Some(at) = &rollout.table_changed_at {
+        assignment.annotations = Some(BTreeMap::from([(TABLE_CHANGED_AT.to_owned(), at.clone())]));
+    }
+    Ok(Workers {
+        assignment: config_map(assignment, Some((ASSIGNMENT_KEY, table))),
+        // Written by the workers (their own keys, their own field manager); the operator only
+        // creates it.
+        reports: config_map(meta(metric, &names.worker_reports, "worker-reports")?, None),
+        service: headless_service(metric, &names.worker, "worker")?,
+        statefulset: statefulset(
+            metric,
+            names,
+            "worker",
+            rollout.worker_replicas,
+            config,
+            settings,
+        )?,
+        pdb: pdb(metric, &names.worker, "worker")?,
     })
 }
 
@@ -539,9 +572,12 @@ fn ingest(
 }
 
 /// The ConfigMaps the data plane reads: its config, the assignment and the deny list's.
-fn readable_config_maps(config: &DataPlaneConfig) -> Vec<String> {
+fn readable_config_maps(config: &DataPlaneConfig, workers: bool) -> Vec<String> {
     let names = config.names();
-    let mut readable = vec![names.config, names.assignment];
+    let mut readable = vec![names.config];
+    if workers {
+        readable.push(names.assignment);
+    }
     readable.extend(config.deny.config_map.as_ref().map(|r| r.name.clone()));
     readable.sort();
     readable.dedup();

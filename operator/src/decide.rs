@@ -273,7 +273,286 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         notes.push(Note::warning(problem.reason(), problem.message()));
     }
 
-    // The rescale step.
+    // The rescale step (a global metric has no workers).
+    let global = metric.spec.is_global();
+    let desired_workers = if global {
+        0
+    } else {
+        metric.spec.workers.as_ref().map_or(1, |w| w.replicas)
+    };
+    let ready_workers = ready_replicas(o.worker.as_ref());
+    let rescale = if global {
+        None
+    } else {
+        Some(rescale_step(o, settings, &mut notes)?)
+    };
+    let step = rescale.as_ref().map(|r| &r.step);
+    let progress = step.and_then(|s| s.progress.clone());
+    let mut objects = builders::desired(metric, rescale.as_ref().map(|r| &r.rollout), settings)?;
+    let secrets = o.kafka_secrets.as_deref();
+    let mut rotated = Vec::new();
+    let statefulsets = objects
+        .workers
+        .as_mut()
+        .map(|w| (&mut w.statefulset, o.worker.as_ref()))
+        .into_iter()
+        .chain([(&mut objects.reducer, o.reducer.as_ref())]);
+    for (desired, live) in statefulsets {
+        if builders::stamp_credentials(desired, live, secrets) {
+            rotated.push(desired.metadata.name.clone());
+        }
+        if builders::keep_claim_templates(desired, live) {
+            warnings.push(format!(
+                "{}: a StatefulSet's volumes cannot change once created; the new storage applies to a new metric",
+                desired.metadata.name.clone().unwrap_or_default()
+            ));
+        }
+    }
+    if let Some(combiners) = objects.combiners.as_mut()
+        && builders::stamp_credentials(&mut combiners.statefulset, o.combiner.as_ref(), secrets)
+    {
+        rotated.push(combiners.statefulset.metadata.name.clone());
+    }
+    if let Some(ingest) = objects.ingest.as_mut()
+        && builders::stamp_credentials(&mut ingest.deployment, o.ingest.as_ref(), secrets)
+    {
+        rotated.push(ingest.deployment.metadata.name.clone());
+    }
+    for name in rotated {
+        notes.push(Note::normal(
+            "KafkaCredentialsRotated",
+            format!(
+                "{}: a Kafka Secret the metric reads changed; its pods roll to read it",
+                name.unwrap_or_default()
+            ),
+        ));
+    }
+
+    status.rescale = step.and_then(|s| s.phase).map(|phase| {
+        let same = previous
+            .rescale
+            .as_ref()
+            .filter(|r| r.phase == phase.as_str() && r.target_workers == desired_workers);
+        RescaleStatus {
+            phase: phase.as_str().to_owned(),
+            target_workers: desired_workers,
+            since: same.map_or_else(|| at.0.to_string(), |r| r.since.clone()),
+        }
+    });
+    let write_ahead = (status.rescale != previous.rescale).then(|| status.clone());
+    let rescale_stuck = status.rescale.as_ref().and_then(|r| {
+        let since = r.since.parse::<k8s_openapi::jiff::Timestamp>().ok()?;
+        let waited = at.0.duration_since(since).as_secs_f64();
+        (waited > settings.rescale_deadline.as_secs_f64()).then(|| {
+            format!(
+                "rescale step {} has waited {:.0}s (deadline {}s): {}; check the worker pods",
+                r.phase,
+                waited,
+                settings.rescale_deadline.as_secs(),
+                progress.clone().unwrap_or_default()
+            )
+        })
+    });
+
+    let recount = decide_recount(
+        o,
+        settings,
+        &previous,
+        &mut status,
+        &mut notes,
+        &mut warnings,
+    )?;
+
+    let desired_reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
+    let ready_reducers = ready_replicas(o.reducer.as_ref());
+    let desired_ingest = metric.spec.ingest.as_ref().map_or(0, |i| i.replicas);
+    let ready_ingest = count(
+        o.ingest
+            .as_ref()
+            .and_then(|d| d.status.as_ref()?.ready_replicas),
+    );
+    let desired_combiners = count(
+        objects
+            .combiners
+            .as_ref()
+            .and_then(|c| c.statefulset.spec.as_ref()?.replicas),
+    );
+    let ready_combiners = ready_replicas(o.combiner.as_ref());
+    let mut extra_summary = String::new();
+    if desired_combiners > 0 {
+        extra_summary.push_str(&format!(
+            ", combiners ready {}/{desired_combiners}",
+            ready_combiners.min(desired_combiners)
+        ));
+    }
+    let ingest_summary = if desired_ingest > 0 {
+        format!(
+            ", ingest ready {}/{desired_ingest}",
+            ready_ingest.min(desired_ingest)
+        )
+    } else {
+        String::new()
+    };
+    let ready = o.kafka.is_none()
+        && progress.is_none()
+        && ready_workers >= desired_workers
+        && ready_reducers >= desired_reducers
+        && ready_ingest >= desired_ingest
+        && ready_combiners >= desired_combiners;
+    status.workers = (!global).then(|| WorkersStatus {
+        replicas: desired_workers as i32,
+        ready: ready_workers.min(desired_workers) as i32,
+        selector: builders::selector(metric, "worker"),
+        summary: format!("{}/{}", ready_workers.min(desired_workers), desired_workers),
+    });
+    status.assignment_version = step.map(|s| s.table.version);
+
+    let mut problems: Vec<(&str, String)> = Vec::new();
+    if let Some(problem) = &o.kafka {
+        problems.push((problem.reason(), problem.message()));
+    }
+    if let Some(message) = rescale_stuck {
+        problems.push(("RescaleStuck", message));
+    }
+    if let Some(message) = recount.failing {
+        problems.push(("RecountFailing", message));
+    }
+    // The reducer grades each recounted hour; the threshold is read from the live spec.
+    if let Some(message) = previous
+        .grading
+        .as_ref()
+        .and_then(|g| g.problem(metric.spec.min_recall()))
+    {
+        problems.push(("RankingInaccurate", message));
+    }
+    // Shards whose workers reported lost input lately (gaps, unusable saved state).
+    let now_ms = o.now.0.as_millisecond();
+    let losses: Vec<ShardLoss> = o
+        .worker_reports
+        .as_ref()
+        .and_then(|cm| cm.data.as_ref())
+        .map(report::losses)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|l| l.recent(now_ms))
+        .collect();
+    if !losses.is_empty() {
+        let messages: Vec<String> = losses.iter().map(ShardLoss::message).collect();
+        problems.push((report::LOSS_REASON, messages.join("; ")));
+    }
+    for (reason, message) in problems.iter().skip(usize::from(o.kafka.is_some())) {
+        if newly_degraded(&previous, reason) {
+            notes.push(Note::warning(reason, message.clone()));
+        }
+    }
+    status.conditions = vec![
+        cond(
+            "Ready",
+            ready,
+            if ready { "Ready" } else { "NotReady" },
+            if ready {
+                if global {
+                    format!("{desired_reducers} reducers ready")
+                } else if desired_ingest > 0 {
+                    format!(
+                        "{desired_workers} workers, {desired_reducers} reducers and {desired_ingest} ingest gateways ready"
+                    )
+                } else {
+                    format!("{desired_workers} workers and {desired_reducers} reducers ready")
+                }
+            } else if global {
+                format!("reducers ready {ready_reducers}/{desired_reducers}")
+            } else {
+                format!(
+                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}{extra_summary}{ingest_summary}"
+                )
+            },
+        ),
+        cond(
+            "Progressing",
+            progress.is_some() || !ready,
+            if progress.is_some() {
+                "Rescaling"
+            } else if ready {
+                "Settled"
+            } else {
+                "Rolling"
+            },
+            progress.clone().unwrap_or_else(|| {
+                if ready {
+                    "settled".into()
+                } else {
+                    "waiting for pods to be ready".into()
+                }
+            }),
+        ),
+        match problems.first() {
+            Some((reason, _)) => cond(
+                "Degraded",
+                true,
+                reason,
+                problems
+                    .iter()
+                    .map(|(_, m)| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            None => cond("Degraded", false, "AsExpected", String::new()),
+        },
+    ];
+    // Kafka is not watched: look again soon while a topic problem lasts. A stuck rescale is
+    // looked at less often: it waits on something outside the operator.
+    let mut requeue = if o.kafka.is_some() {
+        Duration::from_secs(10)
+    } else if progress.is_some() {
+        Duration::from_secs(if problems.is_empty() { 2 } else { 10 })
+    } else {
+        Duration::from_secs(300)
+    };
+    if let Some(due) = recount.due_in {
+        requeue = requeue.min(due);
+    }
+    // Back when the newest loss stops making the metric Degraded.
+    if let Some(at_ms) = losses.iter().map(|l| l.at_ms).max() {
+        let clears_in = (at_ms + report::LOSS_DEGRADED_MS - now_ms).max(1_000);
+        requeue = requeue.min(Duration::from_millis(clears_in as u64));
+    }
+    let delete_ingest = objects.ingest.is_none() && o.ingest.is_some();
+    if delete_ingest {
+        notes.push(Note::normal(
+            "IngestRemoved",
+            "spec.ingest was removed: the ingest gateway's Deployment, Service and disruption budget are deleted".to_owned(),
+        ));
+    }
+    Ok(Decision {
+        delete_ingest,
+        objects: Some(objects),
+        recount_jobs: recount.jobs,
+        write_ahead,
+        status,
+        notes,
+        warnings,
+        shard_moves: rescale.and_then(|r| r.shard_moves),
+        requeue: Some(requeue),
+    })
+}
+
+struct RescaleStep {
+    rollout: Rollout,
+    step: rollout::Step,
+    /// Shards the new table moves to another worker, when the table changes.
+    shard_moves: Option<u64>,
+}
+
+/// The rescale step of a metric with workers: the rollout the objects are built from and
+/// where the step stands. A changed table is noted, with the shards it moves.
+fn rescale_step(
+    o: &Observation,
+    settings: &Settings,
+    notes: &mut Vec<Note>,
+) -> Result<RescaleStep, Error> {
+    let metric = &o.metric;
+    let at = &o.now;
     let table = match &o.assignment {
         Some(cm) => read_table(cm)?,
         None => None,
@@ -288,7 +567,7 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
     });
     let ready_workers = ready_replicas(o.worker.as_ref());
     let running_workers = count(o.worker.as_ref().and_then(|s| s.spec.as_ref()?.replicas));
-    let shards = metric.spec.shards;
+    let shards = metric.spec.shards();
     let desired_workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
     let departing_released = table.as_ref().is_none_or(|t| {
         all_released(
@@ -342,246 +621,10 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
             ),
         ));
     }
-    let mut objects = builders::desired(metric, &rollout, settings)?;
-    let secrets = o.kafka_secrets.as_deref();
-    let mut rotated = Vec::new();
-    for (desired, live) in [
-        (&mut objects.worker, o.worker.as_ref()),
-        (&mut objects.reducer, o.reducer.as_ref()),
-    ] {
-        if builders::stamp_credentials(desired, live, secrets) {
-            rotated.push(desired.metadata.name.clone());
-        }
-        if builders::keep_claim_templates(desired, live) {
-            warnings.push(format!(
-                "{}: a StatefulSet's volumes cannot change once created; the new storage applies to a new metric",
-                desired.metadata.name.clone().unwrap_or_default()
-            ));
-        }
-    }
-    if let Some(combiners) = objects.combiners.as_mut()
-        && builders::stamp_credentials(&mut combiners.statefulset, o.combiner.as_ref(), secrets)
-    {
-        rotated.push(combiners.statefulset.metadata.name.clone());
-    }
-    if let Some(ingest) = objects.ingest.as_mut()
-        && builders::stamp_credentials(&mut ingest.deployment, o.ingest.as_ref(), secrets)
-    {
-        rotated.push(ingest.deployment.metadata.name.clone());
-    }
-    for name in rotated {
-        notes.push(Note::normal(
-            "KafkaCredentialsRotated",
-            format!(
-                "{}: a Kafka Secret the metric reads changed; its pods roll to read it",
-                name.unwrap_or_default()
-            ),
-        ));
-    }
-
-    status.rescale = step.phase.map(|phase| {
-        let same = previous
-            .rescale
-            .as_ref()
-            .filter(|r| r.phase == phase.as_str() && r.target_workers == desired_workers);
-        RescaleStatus {
-            phase: phase.as_str().to_owned(),
-            target_workers: desired_workers,
-            since: same.map_or_else(|| at.0.to_string(), |r| r.since.clone()),
-        }
-    });
-    let write_ahead = (status.rescale != previous.rescale).then(|| status.clone());
-    let rescale_stuck = status.rescale.as_ref().and_then(|r| {
-        let since = r.since.parse::<k8s_openapi::jiff::Timestamp>().ok()?;
-        let waited = at.0.duration_since(since).as_secs_f64();
-        (waited > settings.rescale_deadline.as_secs_f64()).then(|| {
-            format!(
-                "rescale step {} has waited {:.0}s (deadline {}s): {}; check the worker pods",
-                r.phase,
-                waited,
-                settings.rescale_deadline.as_secs(),
-                step.progress.clone().unwrap_or_default()
-            )
-        })
-    });
-
-    let recount = decide_recount(
-        o,
-        settings,
-        &previous,
-        &mut status,
-        &mut notes,
-        &mut warnings,
-    )?;
-
-    let desired_reducers = metric.spec.reducers.as_ref().map_or(1, |r| r.replicas);
-    let ready_reducers = ready_replicas(o.reducer.as_ref());
-    let desired_ingest = metric.spec.ingest.as_ref().map_or(0, |i| i.replicas);
-    let ready_ingest = count(
-        o.ingest
-            .as_ref()
-            .and_then(|d| d.status.as_ref()?.ready_replicas),
-    );
-    let desired_combiners = count(
-        objects
-            .combiners
-            .as_ref()
-            .and_then(|c| c.statefulset.spec.as_ref()?.replicas),
-    );
-    let ready_combiners = ready_replicas(o.combiner.as_ref());
-    let mut extra_summary = String::new();
-    if desired_combiners > 0 {
-        extra_summary.push_str(&format!(
-            ", combiners ready {}/{desired_combiners}",
-            ready_combiners.min(desired_combiners)
-        ));
-    }
-    let ingest_summary = if desired_ingest > 0 {
-        format!(
-            ", ingest ready {}/{desired_ingest}",
-            ready_ingest.min(desired_ingest)
-        )
-    } else {
-        String::new()
-    };
-    let ready = o.kafka.is_none()
-        && step.progress.is_none()
-        && ready_workers >= desired_workers
-        && ready_reducers >= desired_reducers
-        && ready_ingest >= desired_ingest
-        && ready_combiners >= desired_combiners;
-    status.workers = Some(WorkersStatus {
-        replicas: desired_workers as i32,
-        ready: ready_workers.min(desired_workers) as i32,
-        selector: builders::selector(metric, "worker"),
-        summary: format!("{}/{}", ready_workers.min(desired_workers), desired_workers),
-    });
-    status.assignment_version = Some(step.table.version);
-
-    let mut problems: Vec<(&str, String)> = Vec::new();
-    if let Some(problem) = &o.kafka {
-        problems.push((problem.reason(), problem.message()));
-    }
-    if let Some(message) = rescale_stuck {
-        problems.push(("RescaleStuck", message));
-    }
-    if let Some(message) = recount.failing {
-        problems.push(("RecountFailing", message));
-    }
-    // The reducer grades each recounted hour; the threshold is read from the live spec.
-    if let Some(message) = previous
-        .grading
-        .as_ref()
-        .and_then(|g| g.problem(metric.spec.min_recall()))
-    {
-        problems.push(("RankingInaccurate", message));
-    }
-    // Shards whose workers reported lost input lately (gaps, unusable saved state).
-    let now_ms = o.now.0.as_millisecond();
-    let losses: Vec<ShardLoss> = o
-        .worker_reports
-        .as_ref()
-        .and_then(|cm| cm.data.as_ref())
-        .map(report::losses)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|l| l.recent(now_ms))
-        .collect();
-    if !losses.is_empty() {
-        let messages: Vec<String> = losses.iter().map(ShardLoss::message).collect();
-        problems.push((report::LOSS_REASON, messages.join("; ")));
-    }
-    for (reason, message) in problems.iter().skip(usize::from(o.kafka.is_some())) {
-        if newly_degraded(&previous, reason) {
-            notes.push(Note::warning(reason, message.clone()));
-        }
-    }
-    let progress = step.progress.clone();
-    status.conditions = vec![
-        cond(
-            "Ready",
-            ready,
-            if ready { "Ready" } else { "NotReady" },
-            if ready {
-                if desired_ingest > 0 {
-                    format!(
-                        "{desired_workers} workers, {desired_reducers} reducers and {desired_ingest} ingest gateways ready"
-                    )
-                } else {
-                    format!("{desired_workers} workers and {desired_reducers} reducers ready")
-                }
-            } else {
-                format!(
-                    "workers ready {ready_workers}/{desired_workers}, reducers ready {ready_reducers}/{desired_reducers}{extra_summary}{ingest_summary}"
-                )
-            },
-        ),
-        cond(
-            "Progressing",
-            progress.is_some() || !ready,
-            if progress.is_some() {
-                "Rescaling"
-            } else if ready {
-                "Settled"
-            } else {
-                "Rolling"
-            },
-            progress.unwrap_or_else(|| {
-                if ready {
-                    "settled".into()
-                } else {
-                    "waiting for pods to be ready".into()
-                }
-            }),
-        ),
-        match problems.first() {
-            Some((reason, _)) => cond(
-                "Degraded",
-                true,
-                reason,
-                problems
-                    .iter()
-                    .map(|(_, m)| m.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ),
-            None => cond("Degraded", false, "AsExpected", String::new()),
-        },
-    ];
-    // Kafka is not watched: look again soon while a topic problem lasts. A stuck rescale is
-    // looked at less often: it waits on something outside the operator.
-    let mut requeue = if o.kafka.is_some() {
-        Duration::from_secs(10)
-    } else if step.progress.is_some() {
-        Duration::from_secs(if problems.is_empty() { 2 } else { 10 })
-    } else {
-        Duration::from_secs(300)
-    };
-    if let Some(due) = recount.due_in {
-        requeue = requeue.min(due);
-    }
-    // Back when the newest loss stops making the metric Degraded.
-    if let Some(at_ms) = losses.iter().map(|l| l.at_ms).max() {
-        let clears_in = (at_ms + report::LOSS_DEGRADED_MS - now_ms).max(1_000);
-        requeue = requeue.min(Duration::from_millis(clears_in as u64));
-    }
-    let delete_ingest = objects.ingest.is_none() && o.ingest.is_some();
-    if delete_ingest {
-        notes.push(Note::normal(
-            "IngestRemoved",
-            "spec.ingest was removed: the ingest gateway's Deployment, Service and disruption budget are deleted".to_owned(),
-        ));
-    }
-    Ok(Decision {
-        delete_ingest,
-        objects: Some(objects),
-        recount_jobs: recount.jobs,
-        write_ahead,
-        status,
-        notes,
-        warnings,
+    Ok(RescaleStep {
+        rollout,
+        step,
         shard_moves,
-        requeue: Some(requeue),
     })
 }
 

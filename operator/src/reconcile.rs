@@ -302,13 +302,18 @@ async fn act(
         apply(client, ns, desired.role).await?;
         apply(client, ns, desired.role_binding).await?;
         apply(client, ns, desired.config).await?;
-        apply(client, ns, desired.assignment).await?;
-        apply(client, ns, desired.worker_reports).await?;
-        apply(client, ns, desired.worker_service).await?;
-        apply(client, ns, desired.worker_pdb).await?;
+        let mut statefulsets = Vec::new();
+        if let Some(workers) = desired.workers {
+            apply(client, ns, workers.assignment).await?;
+            apply(client, ns, workers.reports).await?;
+            apply(client, ns, workers.service).await?;
+            apply(client, ns, workers.pdb).await?;
+            statefulsets.push(("worker", workers.statefulset));
+        }
         apply(client, ns, desired.reducer_service).await?;
         apply(client, ns, desired.reducer_pdb).await?;
-        for (component, sts) in [("worker", desired.worker), ("reducer", desired.reducer)] {
+        statefulsets.push(("reducer", desired.reducer));
+        for (component, sts) in statefulsets {
             let note = decide::rolled_out(component, &sts);
             if apply(client, ns, sts).await? {
                 notes.push(note);

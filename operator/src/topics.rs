@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use topk_api::topics::{InternalTopic, internal_topics};
+use topk_api::topics::{InternalTopic, metric_topics};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -348,16 +348,17 @@ impl Admins {
         Ok(client)
     }
 
-    /// Checks the input topic and creates missing internal topics, each on its cluster.
-    pub async fn ensure(
+    /// Checks that the input topic exists with one partition per shard (any number when
+    /// combiners read it).
+    async fn check_input(
         &self,
         metric: &TopKMetric,
-        namespace: &str,
+        input: &str,
         kafka: &KafkaClients,
     ) -> Result<(), TopicProblem> {
         let admin = self.get(&kafka.input)?;
-        let input = metric.spec.source.kafka.topic.clone();
-        let shards = metric.spec.shards;
+        let input = input.to_owned();
+        let shards = metric.spec.shards();
         // Partitions of the input topic; None when it does not exist.
         let partitions = {
             let admin = admin.clone();
@@ -381,22 +382,32 @@ impl Admins {
             .map_err(|e| TopicProblem::Unreachable(e.to_string()))??
         };
         match partitions {
-            None => {
-                return Err(TopicProblem::InputMissing {
-                    topic: input,
-                    shards,
-                });
-            }
+            None => Err(TopicProblem::InputMissing {
+                topic: input,
+                shards,
+            }),
             // Combiners read any number of partitions; workers read the input itself only
             // when it is keyed for them, one partition per shard.
             Some(n) if n != shards as usize && !metric.spec.combines() => {
-                return Err(TopicProblem::PartitionMismatch {
+                Err(TopicProblem::PartitionMismatch {
                     topic: input,
                     partitions: n,
                     shards,
-                });
+                })
             }
-            Some(_) => {}
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Checks the input topic and creates missing internal topics, each on its cluster.
+    pub async fn ensure(
+        &self,
+        metric: &TopKMetric,
+        namespace: &str,
+        kafka: &KafkaClients,
+    ) -> Result<(), TopicProblem> {
+        if let Some(source) = &metric.spec.source {
+            self.check_input(metric, &source.kafka.topic, kafka).await?;
         }
         let name = kube::ResourceExt::name_any(metric);
         let bootstrap = kafka.internal.bootstrap().to_owned();
@@ -410,7 +421,7 @@ impl Admins {
         let admin = self.get(&kafka.internal).map_err(problem)?;
         let wanted: Vec<InternalTopic> = {
             let confirmed = self.confirmed();
-            internal_topics(namespace, &name, shards, metric.spec.combines())
+            metric_topics(namespace, &name, &metric.spec)
                 .into_iter()
                 .filter(|t| {
                     confirmed
@@ -461,7 +472,7 @@ impl Admins {
         let kafka = &kafka.internal;
         let admin = self.get(kafka)?;
         let name = kube::ResourceExt::name_any(metric);
-        let topics = internal_topics(namespace, &name, metric.spec.shards, metric.spec.combines());
+        let topics = metric_topics(namespace, &name, &metric.spec);
         let names: Vec<&str> = topics.iter().map(|t| t.name.as_str()).collect();
         let results = admin
             .admin

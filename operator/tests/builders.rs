@@ -2,12 +2,19 @@
 
 use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, load_manifest};
 use topk_operator::builders::{
-    CONFIG_HASH_ANNOTATION, PodTemplated, Rollout, Settings, desired, recount_job,
+    CONFIG_HASH_ANNOTATION, Desired, PodTemplated, Rollout, Settings, Workers, desired, recount_job,
 };
 use topk_operator::planner::plan;
 
 fn fixture() -> TopKMetric {
     load_manifest(include_str!("fixtures/metric.yaml")).expect("fixture")
+}
+
+/// The workers' objects of a metric that counts.
+fn worker_objects(d: &Desired) -> &Workers {
+    d.workers
+        .as_ref()
+        .expect("a metric with a source has workers")
 }
 
 fn hash(workload: &impl PodTemplated) -> String {
@@ -24,14 +31,14 @@ fn hash(workload: &impl PodTemplated) -> String {
 
 /// The (worker, reducer) rollout hashes of the metric's StatefulSets.
 fn hash_of(metric: &TopKMetric) -> (String, String) {
-    let table = plan(metric.spec.shards, None, 3);
+    let table = plan(metric.spec.shards(), None, 3);
     let d = desired(
         metric,
-        &Rollout::settled(metric, table),
+        Some(&Rollout::settled(metric, table)),
         &Settings::default(),
     )
     .expect("desired");
-    (hash(&d.worker), hash(&d.reducer))
+    (hash(&worker_objects(&d).statefulset), hash(&d.reducer))
 }
 
 #[test]
@@ -40,20 +47,20 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
     let table = plan(8, None, 3);
     let d = desired(
         &metric,
-        &Rollout::settled(&metric, table.clone()),
+        Some(&Rollout::settled(&metric, table.clone())),
         &Settings::default(),
     )
     .expect("desired");
     let metas = [
         &d.config.metadata,
-        &d.assignment.metadata,
-        &d.worker_reports.metadata,
+        &worker_objects(&d).assignment.metadata,
+        &worker_objects(&d).reports.metadata,
         &d.service_account.metadata,
         &d.role.metadata,
         &d.role_binding.metadata,
-        &d.worker_service.metadata,
-        &d.worker.metadata,
-        &d.worker_pdb.metadata,
+        &worker_objects(&d).service.metadata,
+        &worker_objects(&d).statefulset.metadata,
+        &worker_objects(&d).pdb.metadata,
         &d.reducer_service.metadata,
         &d.reducer.metadata,
         &d.reducer_pdb.metadata,
@@ -72,7 +79,7 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
             "api-requests"
         );
     }
-    let worker = d.worker.spec.as_ref().unwrap();
+    let worker = worker_objects(&d).statefulset.spec.as_ref().unwrap();
     assert_eq!(worker.replicas, Some(3));
     assert_eq!(worker.service_name.as_deref(), Some("api-requests-worker"));
     assert_eq!(
@@ -87,7 +94,7 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
         1,
         "ranking store volume"
     );
-    let table_json = &d.assignment.data.as_ref().unwrap()["assignment.json"];
+    let table_json = &worker_objects(&d).assignment.data.as_ref().unwrap()["assignment.json"];
     let parsed: topk_api::assignment::AssignmentTable = serde_json::from_str(table_json).unwrap();
     assert_eq!(parsed, table);
     let role = serde_json::to_string(&d.role).unwrap();
@@ -123,7 +130,7 @@ fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
     workers.checkpoint_interval = Some(topk_api::Duration::from_millis(1_500));
     let d = desired(
         &metric,
-        &Rollout::settled(&metric, plan(8, None, 3)),
+        Some(&Rollout::settled(&metric, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
@@ -137,7 +144,7 @@ fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
     );
     // Identity and paths only: everything else is in the config.
     assert_eq!(
-        args(&d.worker),
+        args(&worker_objects(&d).statefulset),
         ["worker", "--config", "/etc/topk/metric.json"]
     );
     assert_eq!(
@@ -146,11 +153,15 @@ fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
     );
     let before = desired(
         &base,
-        &Rollout::settled(&base, plan(8, None, 3)),
+        Some(&Rollout::settled(&base, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
-    assert_ne!(hash(&before.worker), hash(&d.worker), "workers restart");
+    assert_ne!(
+        hash(&worker_objects(&before).statefulset),
+        hash(&worker_objects(&d).statefulset),
+        "workers restart"
+    );
     assert_eq!(hash(&before.reducer), hash(&d.reducer), "reducers do not");
     metric.spec.workers.as_mut().unwrap().idle_timeout = Some(topk_api::Duration::from_millis(0));
     let err = DataPlaneConfig::from_metric(&metric)
@@ -175,7 +186,7 @@ fn the_deny_list_is_rendered_and_its_configmap_readable_without_a_restart() {
     });
     let d = desired(
         &denied,
-        &Rollout::settled(&denied, plan(8, None, 3)),
+        Some(&Rollout::settled(&denied, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
@@ -289,7 +300,7 @@ fn recount_jobs_mount_the_config_that_carries_the_metrics_recount_settings() {
     });
     let d = desired(
         &metric,
-        &Rollout::settled(&metric, plan(8, None, 3)),
+        Some(&Rollout::settled(&metric, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
@@ -317,7 +328,10 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
     let build = |metric: &TopKMetric| {
         desired(
             metric,
-            &Rollout::settled(metric, plan(metric.spec.shards, None, 3)),
+            Some(&Rollout::settled(
+                metric,
+                plan(metric.spec.shards(), None, 3),
+            )),
             &Settings::default(),
         )
         .expect("desired")
@@ -327,7 +341,7 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
     };
     let base = fixture();
     let d = build(&base);
-    for sts in [&d.worker, &d.reducer] {
+    for sts in [&worker_objects(&d).statefulset, &d.reducer] {
         let spec = sts.spec.as_ref().unwrap();
         let pod = spec.template.spec.as_ref().unwrap();
         let seccomp = pod
@@ -349,8 +363,9 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
             "a memory limit"
         );
     }
-    let worker_resources = |d: &topk_operator::builders::Desired| {
-        d.worker
+    let worker_resources = |d: &Desired| {
+        worker_objects(d)
+            .statefulset
             .spec
             .as_ref()
             .unwrap()
@@ -409,7 +424,7 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
             .clone()
             .unwrap()
     };
-    let worker_claim = claim(&s.worker);
+    let worker_claim = claim(&worker_objects(&s).statefulset);
     assert_eq!(worker_claim.storage_class_name.as_deref(), Some("fast-ssd"));
     assert_eq!(
         quantity(&worker_claim.resources.unwrap().requests, "storage").as_deref(),
@@ -420,8 +435,8 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
         None,
         "reducers keep the default"
     );
-    let retention = s
-        .worker
+    let retention = worker_objects(&s)
+        .statefulset
         .spec
         .as_ref()
         .unwrap()
@@ -431,15 +446,21 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
 
     // Claim templates cannot change on a live StatefulSet: the live ones are kept and the
     // difference reported.
-    let mut resized = s.worker.clone();
-    assert!(keep_claim_templates(&mut resized, Some(&d.worker)));
-    assert_eq!(claim(&resized), claim(&d.worker));
-    let mut same = d.worker.clone();
-    assert!(!keep_claim_templates(&mut same, Some(&d.worker)));
+    let mut resized = worker_objects(&s).statefulset.clone();
+    assert!(keep_claim_templates(
+        &mut resized,
+        Some(&worker_objects(&d).statefulset)
+    ));
+    assert_eq!(claim(&resized), claim(&worker_objects(&d).statefulset));
+    let mut same = worker_objects(&d).statefulset.clone();
+    assert!(!keep_claim_templates(
+        &mut same,
+        Some(&worker_objects(&d).statefulset)
+    ));
     assert!(!keep_claim_templates(&mut same, None));
     // What the apiserver adds to the live templates (a volume mode, a status) is no change:
     // found on the node, where it was reported on every reconcile.
-    let mut live = d.worker.clone();
+    let mut live = worker_objects(&d).statefulset.clone();
     for template in live
         .spec
         .as_mut()
@@ -451,7 +472,7 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
         template.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());
         template.status = Some(Default::default());
     }
-    let mut unchanged = d.worker.clone();
+    let mut unchanged = worker_objects(&d).statefulset.clone();
     assert!(!keep_claim_templates(&mut unchanged, Some(&live)));
 }
 
@@ -459,10 +480,10 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
 fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
     use topk_operator::builders::{CREDENTIALS_ANNOTATION, stamp_credentials};
     let metric = fixture();
-    let table = plan(metric.spec.shards, None, 3);
+    let table = plan(metric.spec.shards(), None, 3);
     let d = desired(
         &metric,
-        &Rollout::settled(&metric, table),
+        Some(&Rollout::settled(&metric, table)),
         &Settings::default(),
     )
     .expect("desired");
@@ -476,25 +497,25 @@ fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
     };
 
     // No Secret referenced: no stamp, so metrics without credentials never roll for it.
-    let mut none = d.worker.clone();
+    let mut none = worker_objects(&d).statefulset.clone();
     assert!(!stamp_credentials(&mut none, None, Some("")));
     assert_eq!(stamp(&none), None);
     assert_eq!(
         hash(&none),
-        hash(&d.worker),
+        hash(&worker_objects(&d).statefulset),
         "the config hash is not touched"
     );
 
     // A version is stamped; a new version is a new pod template.
-    let mut first = d.worker.clone();
+    let mut first = worker_objects(&d).statefulset.clone();
     assert!(
         !stamp_credentials(&mut first, None, Some("v1")),
         "a first stamp"
     );
     assert_eq!(stamp(&first).as_deref(), Some("v1"));
-    let mut same = d.worker.clone();
+    let mut same = worker_objects(&d).statefulset.clone();
     assert!(!stamp_credentials(&mut same, Some(&first), Some("v1")));
-    let mut rotated = d.worker.clone();
+    let mut rotated = worker_objects(&d).statefulset.clone();
     assert!(
         stamp_credentials(&mut rotated, Some(&first), Some("v2")),
         "a rotation"
@@ -506,13 +527,13 @@ fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
     );
 
     // The Secrets could not be read this time: the live stamp stays, nothing rolls.
-    let mut unread = d.worker.clone();
+    let mut unread = worker_objects(&d).statefulset.clone();
     assert!(!stamp_credentials(&mut unread, Some(&first), None));
     assert_eq!(
         unread.spec.as_ref().unwrap().template,
         first.spec.as_ref().unwrap().template
     );
-    let mut unread_new = d.worker.clone();
+    let mut unread_new = worker_objects(&d).statefulset.clone();
     assert!(!stamp_credentials(&mut unread_new, None, None));
     assert_eq!(stamp(&unread_new), None);
 }
@@ -523,7 +544,7 @@ fn the_ingest_gateway_is_built_only_when_asked_for_with_input_credentials_and_no
     let build = |metric: &TopKMetric| {
         desired(
             metric,
-            &Rollout::settled(metric, plan(8, None, 3)),
+            Some(&Rollout::settled(metric, plan(8, None, 3))),
             &Settings::default(),
         )
         .expect("desired")
@@ -537,7 +558,7 @@ fn the_ingest_gateway_is_built_only_when_asked_for_with_input_credentials_and_no
         serde_json::from_value(serde_json::json!({"replicas": 3, "maxEventsPerRequest": 500}))
             .expect("ingest"),
     );
-    metric.spec.source.kafka.authentication = Some(
+    metric.spec.source.as_mut().unwrap().kafka.authentication = Some(
         serde_json::from_value(serde_json::json!({"type": "scram-sha-512", "username": "u",
             "passwordSecret": {"secretName": "input-user", "password": "password"}}))
         .expect("authentication"),
@@ -602,7 +623,10 @@ fn the_ingest_gateway_is_built_only_when_asked_for_with_input_credentials_and_no
     limits.spec.ingest.as_mut().unwrap().max_request_bytes = Some(4096);
     let changed = build(&limits);
     assert_ne!(ingest_hash(&changed), ingest_hash(&d));
-    assert_eq!(hash(&changed.worker), hash(&d.worker));
+    assert_eq!(
+        hash(&worker_objects(&changed).statefulset),
+        hash(&worker_objects(&d).statefulset)
+    );
     assert_eq!(hash(&changed.reducer), hash(&d.reducer));
     let mut internal = metric.clone();
     internal
@@ -613,7 +637,10 @@ fn the_ingest_gateway_is_built_only_when_asked_for_with_input_credentials_and_no
         .bootstrap_servers = "other:9093".into();
     let changed = build(&internal);
     assert_eq!(ingest_hash(&changed), ingest_hash(&d));
-    assert_ne!(hash(&changed.worker), hash(&d.worker));
+    assert_ne!(
+        hash(&worker_objects(&changed).statefulset),
+        hash(&worker_objects(&d).statefulset)
+    );
 }
 
 #[test]
@@ -622,7 +649,7 @@ fn combiners_run_only_for_an_input_not_keyed_for_topk_without_volumes_or_api_tok
     let build = |metric: &TopKMetric| {
         desired(
             metric,
-            &Rollout::settled(metric, plan(8, None, 3)),
+            Some(&Rollout::settled(metric, plan(8, None, 3))),
             &Settings::default(),
         )
         .expect("desired")
@@ -632,7 +659,7 @@ fn combiners_run_only_for_an_input_not_keyed_for_topk_without_volumes_or_api_tok
         "keyed input: no combiners"
     );
 
-    metric.spec.source.partitioned_by = topk_api::manifest::PartitionedBy::Any;
+    metric.spec.source.as_mut().unwrap().partitioned_by = topk_api::manifest::PartitionedBy::Any;
     metric.spec.combiners = Some(
         serde_json::from_value(serde_json::json!({"replicas": 3, "flushInterval": "1s"}))
             .expect("combiners"),
@@ -680,7 +707,10 @@ fn combiners_run_only_for_an_input_not_keyed_for_topk_without_volumes_or_api_tok
     let combiner_hash =
         |d: &topk_operator::builders::Desired| hash(&d.combiners.as_ref().unwrap().statefulset);
     assert_ne!(combiner_hash(&changed), combiner_hash(&d));
-    assert_eq!(hash(&changed.worker), hash(&d.worker));
+    assert_eq!(
+        hash(&worker_objects(&changed).statefulset),
+        hash(&worker_objects(&d).statefulset)
+    );
     assert_eq!(hash(&changed.reducer), hash(&d.reducer));
 }
 
@@ -701,7 +731,10 @@ fn a_regional_metric_rolls_and_mounts_the_global_clusters_secret_for_its_reducer
     assert_ne!(before.1, after.1, "reducers restart");
     let d = desired(
         &metric,
-        &Rollout::settled(&metric, plan(metric.spec.shards, None, 3)),
+        Some(&Rollout::settled(
+            &metric,
+            plan(metric.spec.shards(), None, 3),
+        )),
         &Settings::default(),
     )
     .expect("desired");
@@ -710,7 +743,7 @@ fn a_regional_metric_rolls_and_mounts_the_global_clusters_secret_for_its_reducer
         serde_json::to_string(&pod.volumes).unwrap()
     };
     assert!(volumes(&d.reducer).contains("global-user"));
-    assert!(!volumes(&d.worker).contains("global-user"));
+    assert!(!volumes(&worker_objects(&d).statefulset).contains("global-user"));
     let region = rendered(&d).region.expect("rendered");
     assert_eq!(region.topic, "topk.global.plays-global.summaries");
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
 use topk_api::manifest::RescaleStatus;
-use topk_operator::builders::{Settings, TABLE_CHANGED_AT};
+use topk_operator::builders::{Settings, TABLE_CHANGED_AT, Workers};
 use topk_operator::decide::{Decision, Observation, decide};
 use topk_operator::rollout::table_workers;
 use topk_operator::topics::TopicProblem;
@@ -35,16 +35,20 @@ fn reasons(d: &Decision) -> Vec<&str> {
     d.notes.iter().map(|n| n.reason.as_str()).collect()
 }
 
-fn table(d: &Decision) -> AssignmentTable {
+/// The workers' objects a decision applies.
+fn workers(d: &Decision) -> &Workers {
     let objects = d.objects.as_ref().expect("objects");
-    let text = &objects.assignment.data.as_ref().expect("data")[ASSIGNMENT_KEY];
+    objects.workers.as_ref().expect("workers")
+}
+
+fn table(d: &Decision) -> AssignmentTable {
+    let text = &workers(d).assignment.data.as_ref().expect("data")[ASSIGNMENT_KEY];
     serde_json::from_str(text).expect("table")
 }
 
 fn worker_replicas(d: &Decision) -> i32 {
-    let objects = d.objects.as_ref().expect("objects");
-    objects
-        .worker
+    workers(d)
+        .statefulset
         .spec
         .as_ref()
         .and_then(|s| s.replicas)
@@ -52,8 +56,7 @@ fn worker_replicas(d: &Decision) -> i32 {
 }
 
 fn changed_at(d: &Decision) -> Option<String> {
-    let objects = d.objects.as_ref().expect("objects");
-    objects
+    workers(d)
         .assignment
         .metadata
         .annotations
@@ -68,9 +71,9 @@ fn a_new_metric_gets_every_object_and_waits_for_its_pods() {
     assert_eq!(worker_replicas(&d), 2);
     let table = table(&d);
     assert_eq!((table.version, table_workers(&table)), (1, 2));
-    let objects = d.objects.as_ref().unwrap();
     assert_eq!(
-        objects.assignment.metadata.resource_version, None,
+        workers(&d).assignment.metadata.resource_version,
+        None,
         "a first table needs no precondition"
     );
     assert_eq!(changed_at(&d).as_deref(), Some("2026-12-02T10:00:30Z"));
@@ -171,12 +174,7 @@ fn scaling_up_grows_the_statefulset_first_and_writes_the_step_ahead() {
         "no shard moves before the worker is ready"
     );
     assert_eq!(
-        d.objects
-            .as_ref()
-            .unwrap()
-            .assignment
-            .metadata
-            .resource_version,
+        workers(&d).assignment.metadata.resource_version,
         None,
         "an unchanged table is not a replacement"
     );
@@ -233,9 +231,8 @@ fn once_the_new_worker_is_ready_shards_move_under_a_precondition() {
     let d = decided(&o);
     let table = table(&d);
     assert_eq!((table.version, table_workers(&table)), (2, 3));
-    let objects = d.objects.as_ref().unwrap();
     assert_eq!(
-        objects.assignment.metadata.resource_version.as_deref(),
+        workers(&d).assignment.metadata.resource_version.as_deref(),
         Some("41"),
         "the table is replaced only if nobody changed it since it was read"
     );
@@ -407,7 +404,12 @@ fn the_ingest_gateway_counts_towards_ready_and_is_deleted_when_the_spec_drops_it
 #[test]
 fn combiners_count_towards_ready() {
     let mut o = fixture("created.yaml");
-    o.metric.spec.source.partitioned_by = topk_api::manifest::PartitionedBy::Any;
+    o.metric
+        .spec
+        .source
+        .as_mut()
+        .expect("source")
+        .partitioned_by = topk_api::manifest::PartitionedBy::Any;
     o.metric.spec.combiners =
         Some(serde_json::from_value(serde_json::json!({"replicas": 2})).expect("combiners"));
     let d = decided(&o);
@@ -416,4 +418,62 @@ fn combiners_count_towards_ready() {
         condition(&d, "Ready").message,
         "workers ready 0/2, reducers ready 0/1, combiners ready 0/2"
     );
+}
+
+/// `created.yaml` turned into a global metric: regions instead of a source and workers.
+fn global_fixture() -> Observation {
+    let mut o = fixture("created.yaml");
+    let spec = &mut o.metric.spec;
+    spec.source = None;
+    spec.shards = None;
+    spec.workers = None;
+    spec.recount = None;
+    spec.regions =
+        Some(serde_json::from_value(serde_json::json!({"names": ["eu", "us"]})).expect("regions"));
+    spec.internal_kafka = Some(
+        serde_json::from_value(serde_json::json!({"bootstrapServers": "global:9092"}))
+            .expect("cluster"),
+    );
+    o
+}
+
+#[test]
+fn a_global_metric_gets_reducers_only_and_is_ready_with_them() {
+    let mut o = global_fixture();
+    let d = decided(&o);
+    let objects = d.objects.as_ref().expect("objects");
+    assert!(objects.workers.is_none(), "no workers, no assignment table");
+    assert!(objects.combiners.is_none() && objects.ingest.is_none());
+    assert!(d.recount_jobs.is_empty());
+    assert_eq!(
+        (d.status.workers.as_ref(), d.status.assignment_version),
+        (None, None)
+    );
+    assert_eq!(
+        condition(&d, "Ready").message,
+        "reducers ready 0/1",
+        "nothing waits on workers"
+    );
+    let rules = objects.role.rules.as_ref().expect("rules");
+    let config_maps: Vec<&String> = rules
+        .iter()
+        .filter(|r| r.resources.as_deref() == Some(&["configmaps".to_owned()]))
+        .flat_map(|r| r.resource_names.iter().flatten())
+        .collect();
+    assert_eq!(
+        config_maps,
+        ["api-requests-config"],
+        "reads its config only: no assignment, no worker reports"
+    );
+    o.reducer = Some(objects.reducer.clone());
+    o.reducer
+        .as_mut()
+        .expect("reducer")
+        .status
+        .get_or_insert_with(Default::default)
+        .ready_replicas = Some(1);
+    let d = decided(&o);
+    assert_eq!(condition(&d, "Ready").status, "True");
+    assert_eq!(condition(&d, "Ready").message, "1 reducers ready");
+    assert_eq!(condition(&d, "Progressing").reason, "Settled");
 }

@@ -773,8 +773,11 @@ mod tests {
         let metric = topk_api::load_manifest(&manifest).expect("manifest");
         assert_eq!(metric.metadata.name.as_deref(), Some("m"));
         assert_eq!(metric.spec.metric, "plays");
-        assert_eq!(metric.spec.source.kafka.topic, "input");
-        assert_eq!((metric.spec.shards, metric.spec.k), (3, 7));
+        assert_eq!(
+            metric.spec.source.as_ref().expect("source").kafka.topic,
+            "input"
+        );
+        assert_eq!((metric.spec.shards, metric.spec.k), (Some(3), 7));
         assert_eq!(metric.spec.windows.len(), 1);
     }
 }

@@ -14,13 +14,12 @@ pub fn rendered_config(dir: &Path, manifest: &str, ns: &str) -> PathBuf {
     let mut metric = topk_api::load_manifest(manifest).expect("manifest");
     metric.metadata.namespace = Some(ns.to_owned());
     metric.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_owned());
-    let table = topk_operator::planner::plan(metric.spec.shards, None, 1);
-    let desired = topk_operator::builders::desired(
-        &metric,
-        &topk_operator::builders::Rollout::settled(&metric, table),
-        &Default::default(),
-    )
-    .expect("the operator's objects");
+    let rollout = (!metric.spec.is_global()).then(|| {
+        let table = topk_operator::planner::plan(metric.spec.shards(), None, 1);
+        topk_operator::builders::Rollout::settled(&metric, table)
+    });
+    let desired = topk_operator::builders::desired(&metric, rollout.as_ref(), &Default::default())
+        .expect("the operator's objects");
     let rendered = desired.config.data.expect("config data")[topk_api::CONFIG_KEY].clone();
     let path = dir.join(topk_api::CONFIG_KEY);
     std::fs::write(&path, rendered).expect("write the rendered config");
