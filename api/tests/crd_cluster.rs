@@ -30,6 +30,15 @@ spec:
     - {name: all, allTime: true}
 "#;
 
+/// `m` as a global metric: the regions' lists instead of a source, shards and workers.
+fn global(m: &str) -> String {
+    m.replace(
+        "  source: {kafka: {bootstrapServers: \"kafka:9092\", topic: api-events}}\n  shards: 4\n",
+        "  regions: {names: [eu, us]}\n  internalKafka: {bootstrapServers: \"global:9092\"}\n",
+    )
+    .replace("  workers: {replicas: 2}\n", "")
+}
+
 fn manifest(edit: impl Fn(&str) -> String) -> TopKMetric {
     topk_api::load_manifest(&edit(EXAMPLE)).expect("manifest parses")
 }
@@ -64,7 +73,7 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
         .expect("the documented manifest is accepted");
     assert_eq!(created.spec.shards, Some(4));
 
-    let cases: [(&str, Edit, &str); 9] = [
+    let cases: [(&str, Edit, &str); 13] = [
         (
             "bucket-7s",
             |m| m.replace("bucket: 10s", "bucket: 7s"),
@@ -135,6 +144,26 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
             |m| format!("{m}  dedupe: {{horizon: 2h}}\n"),
             "dedupe.horizon must be at most 1h",
         ),
+        (
+            "no-shards",
+            |m| m.replace("  shards: 4\n", ""),
+            "shards is required",
+        ),
+        (
+            "source-and-regions",
+            |m| format!("{m}  regions: {{names: [eu]}}\n"),
+            "set exactly one of source",
+        ),
+        (
+            "global-with-workers",
+            |m| global(m).replace("  k: 100\n", "  k: 100\n  workers: {replicas: 1}\n"),
+            "a global metric (regions) counts no events",
+        ),
+        (
+            "global-without-its-cluster",
+            |m| global(m).replace("  internalKafka: {bootstrapServers: \"global:9092\"}\n", ""),
+            "a global metric (regions) needs internalKafka",
+        ),
     ];
     for (name, edit, message) in cases {
         let mut bad = manifest(edit);
@@ -195,6 +224,28 @@ async fn crd_accepts_the_documented_manifest_and_rejects_bad_specs_with_clear_me
             status.message
         ),
         other => panic!("expected partitionedBy to be immutable, got {other:?}"),
+    }
+    // A global metric is accepted, and cannot turn into one that counts.
+    let mut global_metric = manifest(global);
+    global_metric.metadata.name = Some("global".to_owned());
+    let created = create(&api, &global_metric)
+        .await
+        .expect("a global metric is accepted");
+    assert_eq!((created.spec.source, created.spec.shards), (None, None));
+    let patch = serde_json::json!({"spec": {"regions": null, "shards": 4,
+        "source": {"kafka": {"bootstrapServers": "kafka:9092", "topic": "api-events"}}}});
+    match api
+        .patch("global", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains("cannot change between counting events"),
+            "{}",
+            status.message
+        ),
+        other => panic!("expected a global metric to stay global, got {other:?}"),
     }
     let scale = serde_json::json!({"spec": {"replicas": 3}});
     api.patch_scale(
