@@ -1430,6 +1430,206 @@ async fn events_posted_to_the_ingest_gateway_are_counted_and_removing_it_deletes
 /// Writes `lines` to `topic` with Kafka's own console producer in the dev broker's pod: no key,
 /// so records land wherever that producer puts them, as a producer that knows nothing of topk
 /// writes them.
+/// A TopKMetric from `yaml` (with `NS` replaced by the scenario's namespace), created.
+async fn create_manifest(cluster: &Cluster, ns: &str, yaml: &str) {
+    let metric = topk_api::load_manifest(&yaml.replace("NS", ns)).expect("manifest");
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), ns)
+        .create(&PostParams::default(), &metric)
+        .await
+        .expect("create TopKMetric");
+}
+
+/// A regional metric counting `plays` on its own topic, small enough that two regions and
+/// their global metric fit the node: one shard, one worker, one reducer; 10s buckets.
+const REGION: &str = r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {name: plays-REGION, namespace: NS}
+spec:
+  metric: plays
+  source: {kafka: {bootstrapServers: "BOOTSTRAP", topic: NS-REGION}}
+  shards: 1
+  k: 5
+  allowedLateness: 2s
+  recount: {enabled: false}
+  workers: {replicas: 1, idleTimeout: 2s, resources: {requests: {cpu: 100m, memory: 128Mi}}}
+  reducers: {resources: {requests: {cpu: 100m, memory: 128Mi}}}
+  windows: [{name: 1h, length: 1h, bucket: 10s}]
+  region: {name: REGION, global: {name: plays-global}}
+"#;
+
+/// The global metric adding up regions `eu` and `us`, on the same broker.
+const GLOBAL: &str = r#"
+apiVersion: topk.io/v1alpha1
+kind: TopKMetric
+metadata: {name: plays-global, namespace: NS}
+spec:
+  metric: plays
+  regions: {names: [eu, us], wait: 5s}
+  internalKafka: {bootstrapServers: "BOOTSTRAP"}
+  k: 5
+  reducers: {resources: {requests: {cpu: 100m, memory: 128Mi}}}
+  windows: [{name: 1h, length: 1h, bucket: 10s}]
+"#;
+
+/// The global metric's 1h list (`version`: that stored version), through the service proxy.
+async fn global_list(cluster: &Cluster, ns: &str, version: Option<u64>) -> Option<Value> {
+    let mut path = format!(
+        "/api/v1/namespaces/{ns}/services/{}:http/proxy/v1/rankings/plays?window=1h&k=5",
+        topk_api::names::Names::of("plays-global").reducer
+    );
+    if let Some(version) = version {
+        path.push_str(&format!("&version={version}"));
+    }
+    let request = http::Request::get(path).body(Vec::new()).ok()?;
+    let text = cluster.client.request_text(request).await.ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn names_of(list: &Value, field: &str) -> Vec<String> {
+    list[field]
+        .as_array()
+        .map(|names| {
+            (names.iter())
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits for a global list with exactly `want`, covering `complete` and missing `missing`.
+async fn await_global(
+    cluster: &Cluster,
+    ns: &str,
+    want: &[(String, u64)],
+    complete: &[&str],
+    missing: &[&str],
+) -> Value {
+    await_some(
+        &format!("the global list = {want:?}, complete {complete:?}, missing {missing:?}"),
+        WAIT,
+        || async {
+            let list = global_list(cluster, ns, None).await?;
+            (items(&list) == want
+                && names_of(&list, "completeRegions") == complete
+                && names_of(&list, "missingRegions") == missing)
+                .then_some(list)
+        },
+    )
+    .await
+}
+
+/// The StatefulSet `name`'s replicas, set by hand (the metric is paused meanwhile).
+async fn set_replicas(cluster: &Cluster, ns: &str, name: &str, replicas: i32) {
+    Api::<StatefulSet>::namespaced(cluster.client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .expect("scale the StatefulSet");
+}
+
+async fn set_paused(cluster: &Cluster, ns: &str, name: &str, paused: bool) {
+    Api::<TopKMetric>::namespaced(cluster.client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"paused": paused}})),
+        )
+        .await
+        .expect("pause the metric");
+}
+
+#[tokio::test]
+async fn a_global_metric_adds_up_its_regions_and_names_a_missing_one_until_it_is_back() {
+    let Some(cluster) = Cluster::get("regions").await else {
+        return;
+    };
+    let scenario = cluster.scenario("regions").await;
+    let ns = scenario.ns.as_str();
+    let bootstrap = cluster.bootstrap();
+    for region in ["eu", "us"] {
+        cluster.create_topic(&format!("{ns}-{region}"), 1);
+        let yaml = REGION
+            .replace("REGION", region)
+            .replace("BOOTSTRAP", &bootstrap);
+        create_manifest(&cluster, ns, &yaml).await;
+    }
+    create_manifest(&cluster, ns, &GLOBAL.replace("BOOTSTRAP", &bootstrap)).await;
+    // The operator gives the global metric reducers only, and says so when they are ready.
+    await_some("the global metric Ready", WAIT, || async {
+        let status = cluster.metric(ns, "plays-global").await?.status?;
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (ready.status == "True" && ready.message == "1 reducers ready").then_some(())
+    })
+    .await;
+    let workers = Api::<StatefulSet>::namespaced(cluster.client.clone(), ns);
+    let global_names = topk_api::names::Names::of("plays-global");
+    assert!(
+        workers
+            .get_opt(&global_names.worker)
+            .await
+            .expect("get")
+            .is_none(),
+        "a global metric has no workers"
+    );
+
+    // Per region, what it was sent; the global list is their sum.
+    let mut counts: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
+    let mut play = |region: &'static str, key: &str, times: usize| {
+        let keys = vec![key.to_owned(); times];
+        cluster.produce(&format!("{ns}-{region}"), &keys);
+        add(counts.entry(region).or_default(), &keys);
+        let mut sum = BTreeMap::new();
+        for (key, count) in counts.values().flatten() {
+            *sum.entry(key.clone()).or_default() += count;
+        }
+        (top5(&counts["eu"]), top5(&sum))
+    };
+    play("eu", "song-1", 5);
+    play("eu", "song-2", 3);
+    play("us", "song-1", 2);
+    let (_, want) = play("us", "song-3", 4);
+    let complete = await_global(&cluster, ns, &want, &["eu", "us"], &[]).await;
+    assert_eq!(complete["mode"], "exact", "{complete}");
+
+    // Region us stops: its metric paused (the operator leaves it alone), its reducer gone.
+    set_paused(&cluster, ns, "plays-us", true).await;
+    let us_reducer = topk_api::names::Names::of("plays-us").reducer;
+    set_replicas(&cluster, ns, &us_reducer, 0).await;
+    let (eu, _) = play("eu", "song-4", 9);
+    let partial = await_global(&cluster, ns, &eu, &["eu"], &["us"]).await;
+    // Its window end was published on time: the version before it is the end one bucket
+    // earlier, so no end waited for the missing region longer than `wait`.
+    let version = partial["version"].as_u64().expect("version");
+    let before = global_list(&cluster, ns, Some(version - 1))
+        .await
+        .expect("the version before");
+    let end = |list: &Value| {
+        let text = list["windowEnd"].as_str().unwrap_or_default();
+        text.parse::<k8s_openapi::jiff::Timestamp>()
+            .map(|t| t.as_millisecond())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        end(&partial) - end(&before),
+        10_000,
+        "{before}
+{partial}"
+    );
+    let shown = kubectl(&["topk", "get", "plays-global", "-n", ns, "--window", "1h"]);
+    assert!(shown.contains("missing us  INCOMPLETE"), "{shown}");
+
+    // Back: its next list completes the global one again, with what us counted meanwhile.
+    let (_, want) = play("us", "song-5", 11);
+    set_replicas(&cluster, ns, &us_reducer, 1).await;
+    set_paused(&cluster, ns, "plays-us", false).await;
+    let back = await_global(&cluster, ns, &want, &["eu", "us"], &[]).await;
+    assert_eq!(back["mode"], "exact", "{back}");
+}
+
 fn produce_unkeyed(cluster: &Cluster, topic: &str, lines: &str) {
     let mut child = Command::new("kubectl")
         .args([
