@@ -1621,6 +1621,8 @@ async fn a_global_metric_adds_up_its_regions_and_names_a_missing_one_until_it_is
     );
     let shown = kubectl(&["topk", "get", "plays-global", "-n", ns, "--window", "1h"]);
     assert!(shown.contains("missing us  INCOMPLETE"), "{shown}");
+    let status = kubectl(&["topk", "status", "plays-global", "-n", ns]);
+    assert!(status.contains("global of regions eu, us"), "{status}");
 
     // Back: its next list completes the global one again, with what us counted meanwhile.
     let (_, want) = play("us", "song-5", 11);

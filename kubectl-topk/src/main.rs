@@ -730,6 +730,23 @@ mod tests {
     }
 
     #[test]
+    fn a_global_metrics_status_names_its_regions_and_has_no_shards() {
+        let metric = topk_api::load_manifest(
+            "apiVersion: topk.io/v1alpha1\nkind: TopKMetric\nmetadata: {name: plays-global, namespace: topk}\n\
+             spec: {metric: plays, regions: {names: [eu, us]}, internalKafka: {bootstrapServers: \"g:9092\"}, k: 5, windows: [{name: 1h, length: 1h, bucket: 1m}]}\n",
+        )
+        .expect("a global metric");
+        let text = render_status(&metric, None);
+        assert!(
+            text.starts_with(
+                "topk/plays-global  metric plays  mode exact  global of regions eu, us  k 5\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("SHARDS"), "{text}");
+    }
+
+    #[test]
     fn a_trending_list_shows_its_scores_and_baselines() {
         let list = serde_json::json!({
             "metric": "plays", "scope": "", "window": "trending", "version": 3,
