@@ -244,11 +244,7 @@ impl ShardCounter {
                             scope: self.scopes.name(scope as u32).to_owned(),
                             items: top
                                 .into_iter()
-                                .map(|(id, count)| KeyCount {
-                                    key: keys.key(id).to_owned(),
-                                    count,
-                                    baseline: None,
-                                })
+                                .map(|(id, count)| KeyCount::new(keys.key(id), count))
                                 .collect(),
                         }
                     })
@@ -264,11 +260,7 @@ impl ShardCounter {
                         scope: self.scopes.name(scope).to_owned(),
                         items: items
                             .into_iter()
-                            .map(|(_, key, count)| KeyCount {
-                                key,
-                                count,
-                                baseline: None,
-                            })
+                            .map(|(_, key, count)| KeyCount::new(key, count))
                             .collect(),
                     })
                     .collect();

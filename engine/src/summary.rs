@@ -22,6 +22,17 @@ pub struct KeyCount {
     pub baseline: Option<u64>,
 }
 
+impl KeyCount {
+    /// A key's count (not a trending summary's: no baseline).
+    pub fn new(key: impl Into<String>, count: u64) -> Self {
+        Self {
+            key: key.into(),
+            count,
+            baseline: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScopeItems {
     pub scope: String,
@@ -209,11 +220,7 @@ mod tests {
     ) -> ShardSummary {
         let mut scopes: Vec<ScopeItems> = Vec::new();
         for (scope, key, count) in items {
-            let item = KeyCount {
-                key: key.to_string(),
-                count: *count,
-                baseline: None,
-            };
+            let item = KeyCount::new(key.to_string(), *count);
             match scopes.iter_mut().find(|s| s.scope == *scope) {
                 Some(s) => s.items.push(item),
                 None => scopes.push(ScopeItems {

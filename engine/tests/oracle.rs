@@ -447,6 +447,61 @@ proptest! {
     }
 }
 
+/// In approximate mode, with far more keys than candidates, a riser planted in the last
+/// short window tops the trending list, and a steady key a hundred times heavier than the
+/// others does not rise: recall of the risers does not depend on exact counting.
+#[test]
+fn approximate_trending_finds_a_planted_riser_among_more_keys_than_candidates() {
+    let windows = vec![
+        WindowConfig::sliding("short", 1_000, 100),
+        WindowConfig::sliding("long", 10_000, 100),
+    ];
+    let sketch = SketchParams {
+        epsilon: 0.001,
+        delta: 0.01,
+        candidates: 30,
+    };
+    let mut cfg = config(Mode::Approximate(sketch), 2, 5, 0, windows);
+    cfg.trending = Some(topk_engine::trend::TrendingConfig {
+        window: "short".into(),
+        baseline: "long".into(),
+        min_count: 5,
+        smoothing: 1.0,
+    });
+    let mut events = Vec::new();
+    for step in 0..100 {
+        let time_ms = 1_000_000 + step * 100;
+        let mut play = |key: String, cost: u64| {
+            events.push(Ev {
+                time_ms,
+                scope: String::new(),
+                key,
+                cost,
+            })
+        };
+        for steady in 0..200 {
+            play(format!("steady-{steady:03}"), 1);
+        }
+        play("heavy".into(), 100);
+        if step >= 90 {
+            play("riser".into(), 5);
+        }
+    }
+    let (_, _, last) = run(&cfg, &events);
+    let trending = last
+        .iter()
+        .find(|p| p.ranking.window == "trending" && p.ranking.scope.is_empty())
+        .expect("a trending list");
+    let items = &trending.ranking.items;
+    let top = items.first().expect("a riser");
+    // (50 + 1) / (50 x 1s/10s + 1): the riser's every event is in the short window.
+    assert_eq!(top.key, "riser", "{items:?}");
+    assert!(top.score.is_some_and(|s| s.0 > 8.0), "{top:?}");
+    for item in &items[1..] {
+        assert!(item.score.is_some_and(|s| s.0 < 1.5), "{item:?} rose");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 100, .. ProptestConfig::default() })]
 

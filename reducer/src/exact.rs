@@ -233,11 +233,7 @@ pub fn tops_of<'a>(
             let top = top_k(items, c, |a, b| rank_order(a.0, a.1, b.0, b.1));
             let items = top
                 .into_iter()
-                .map(|(key, count)| KeyCount {
-                    key: key.to_owned(),
-                    count,
-                    baseline: None,
-                })
+                .map(|(key, count)| KeyCount::new(key, count))
                 .collect();
             (scope.to_owned(), items)
         })
@@ -256,11 +252,7 @@ pub fn merge_tops(old: &[KeyCount], changed: &BTreeMap<String, u64>, c: usize) -
         rank_order(a.0, a.1, b.0, b.1)
     })
     .into_iter()
-    .map(|(key, count)| KeyCount {
-        key: key.to_owned(),
-        count,
-        baseline: None,
-    })
+    .map(|(key, count)| KeyCount::new(key, count))
     .collect()
 }
 
@@ -363,11 +355,7 @@ mod tests {
     fn kc(items: &[(&str, u64)]) -> Vec<KeyCount> {
         items
             .iter()
-            .map(|(key, count)| KeyCount {
-                key: (*key).into(),
-                count: *count,
-                baseline: None,
-            })
+            .map(|(key, count)| KeyCount::new(*key, *count))
             .collect()
     }
 

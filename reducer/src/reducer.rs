@@ -1012,11 +1012,7 @@ fn region_summary(
                 items: r
                     .items
                     .iter()
-                    .map(|i| KeyCount {
-                        key: i.key.clone(),
-                        count: i.count,
-                        baseline: None,
-                    })
+                    .map(|i| KeyCount::new(i.key.clone(), i.count))
                     .collect(),
             })
             .collect(),

@@ -264,25 +264,7 @@ fn merged(
     known_scopes: &mut BTreeSet<String>,
 ) -> Publication {
     let summaries: Vec<&RegionSummary> = by_region.values().map(|r| &r.summary).collect();
-    let mut rankings = merge_regions(&summaries, cfg.k, &|key| deny.contains(key));
-    let listed: BTreeSet<String> = (rankings.iter())
-        .filter(|r| !r.items.is_empty())
-        .map(|r| r.scope.clone())
-        .collect();
-    if let Some(template) = rankings.first().cloned() {
-        for scope in known_scopes.difference(&listed) {
-            if !rankings.iter().any(|r| r.scope == *scope) {
-                rankings.push(Ranking {
-                    scope: scope.clone(),
-                    items: Vec::new(),
-                    max_overcount: 0,
-                    ..template.clone()
-                });
-            }
-        }
-        rankings.sort_by(|a, b| a.scope.cmp(&b.scope));
-    }
-    known_scopes.extend(listed);
+    let rankings = merge_regions(&summaries, cfg.k, &|key| deny.contains(key), known_scopes);
     Publication {
         window: cfg.windows[w].clone(),
         window_end_ms: end,
@@ -303,17 +285,22 @@ fn merged(
 /// Per scope, the top `k` of the keys any region listed, each counted as the sum over the
 /// regions of its listed count, or of the region's floor where it is not listed. A list is
 /// `exact` only when every region's is and no floor was added. Empty for no summaries.
+/// Like [`topk_engine::summary::merge_known`], a scope in `known` (listed last time) that no
+/// region lists now gets an empty list, once; `known` becomes the scopes listed now.
 pub fn merge_regions(
     summaries: &[&RegionSummary],
     k: usize,
     denied: &dyn Fn(&str) -> bool,
+    known: &mut BTreeSet<String>,
 ) -> Vec<Ranking> {
     let Some(first) = summaries.first() else {
         return Vec::new();
     };
     // Per scope, per region: its listed counts and floor.
     type Listed<'a> = (HashMap<&'a str, u64>, u64);
-    let mut per_scope: BTreeMap<&str, Vec<Option<Listed<'_>>>> = BTreeMap::new();
+    let mut per_scope: BTreeMap<&str, Vec<Option<Listed<'_>>>> = (known.iter())
+        .map(|scope| (scope.as_str(), vec![None; summaries.len()]))
+        .collect();
     for (r, summary) in summaries.iter().enumerate() {
         for scope in &summary.scopes {
             let regions = per_scope
@@ -384,6 +371,10 @@ pub fn merge_regions(
             watermark_ms: watermark_ms.unwrap_or(i64::MIN),
         });
     }
+    *known = (out.iter())
+        .filter(|r| !r.items.is_empty())
+        .map(|r| r.scope.clone())
+        .collect();
     out
 }
 
@@ -423,11 +414,7 @@ mod tests {
                 scope: String::new(),
                 items: items
                     .iter()
-                    .map(|(key, count)| KeyCount {
-                        key: (*key).into(),
-                        count: *count,
-                        baseline: None,
-                    })
+                    .map(|(key, count)| KeyCount::new(*key, *count))
                     .collect(),
                 floor: 0,
             }],
@@ -559,11 +546,7 @@ mod tests {
                     scopes
                         .entry(format!("s{scope}"))
                         .or_default()
-                        .push(KeyCount {
-                            key: format!("k{key}"),
-                            count: *count,
-                            baseline: None,
-                        });
+                        .push(KeyCount::new(format!("k{key}"), *count));
                 }
                 let scopes = scopes
                     .into_iter()
@@ -607,7 +590,7 @@ mod tests {
         fn merged_regions_bound_the_true_sums(truth in truth_strategy(), listed in 1usize..6, k in 1usize..5) {
             let summaries = region_summaries(&truth, listed);
             let refs: Vec<&RegionSummary> = summaries.iter().collect();
-            let rankings = merge_regions(&refs, k, &|_| false);
+            let rankings = merge_regions(&refs, k, &|_| false, &mut BTreeSet::new());
             let mut sums: BTreeMap<(String, String), u64> = BTreeMap::new();
             for counts in &truth {
                 for ((scope, key), count) in counts {

@@ -592,11 +592,7 @@ fn streaming_hour(
                 let items = r
                     .items
                     .into_iter()
-                    .map(|i| KeyCount {
-                        key: i.key,
-                        count: i.count,
-                        baseline: None,
-                    })
+                    .map(|i| KeyCount::new(i.key, i.count))
                     .collect();
                 (r.scope, items)
             })
@@ -657,11 +653,7 @@ mod tests {
                     scope: String::new(),
                     items: items
                         .iter()
-                        .map(|(key, count)| KeyCount {
-                            key: (*key).into(),
-                            count: *count,
-                            baseline: None,
-                        })
+                        .map(|(key, count)| KeyCount::new(*key, *count))
                         .collect(),
                 }],
             },

@@ -58,11 +58,7 @@ fn summary(shard: u32, epoch: u64, end: i64, items: &[(&str, u64)]) -> SummaryRe
                 scope: String::new(),
                 items: items
                     .iter()
-                    .map(|(key, count)| KeyCount {
-                        key: (*key).into(),
-                        count: *count,
-                        baseline: None,
-                    })
+                    .map(|(key, count)| KeyCount::new(*key, *count))
                     .collect(),
             }],
         },

@@ -116,14 +116,7 @@ fn stale_copy(summary: &ShardSummary) -> ShardSummary {
     let mut stale = summary.clone();
     stale.epoch = 1;
     for scope in &mut stale.scopes {
-        scope.items.insert(
-            0,
-            KeyCount {
-                key: POISON.into(),
-                count: 1_000_000,
-                baseline: None,
-            },
-        );
+        scope.items.insert(0, KeyCount::new(POISON, 1_000_000));
     }
     stale
 }

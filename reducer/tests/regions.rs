@@ -107,11 +107,7 @@ fn summary(config: &DataPlaneConfig, end: i64, items: &[(&str, u64)]) -> Summary
                 scope: String::new(),
                 items: items
                     .iter()
-                    .map(|(key, count)| KeyCount {
-                        key: (*key).into(),
-                        count: *count,
-                        baseline: None,
-                    })
+                    .map(|(key, count)| KeyCount::new(*key, *count))
                     .collect(),
             }],
         },
