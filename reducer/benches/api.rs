@@ -232,10 +232,13 @@ fn main() {
     println!();
     println!("| server | achieved requests/s | p50 | p99 |");
     println!("|---|---:|---:|---:|");
-    for (name, (p50, p99, achieved)) in [
+    for (name, run) in [
         ("nginx, static file", static_paced),
         ("topk reducer API", api_paced),
     ] {
-        println!("| {name} | {achieved:.0} | {p50:.3} ms | {p99:.3} ms |");
+        println!(
+            "| {name} | {:.0} | {:.3} ms | {:.3} ms |",
+            run.achieved, run.p50, run.p99
+        );
     }
 }

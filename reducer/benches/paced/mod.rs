@@ -1,5 +1,6 @@
 //! A paced HTTP client for the latency benchmarks: requests on a fixed schedule over a few
-//! keep-alive connections, each timed from sending to reading the whole answer.
+//! keep-alive connections, each timed from when it was due to reading the whole answer, so a
+//! stall counts for every request it held back (as wrk2 does), not only the one it caught.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -28,9 +29,18 @@ fn exchange(stream: &mut BufReader<TcpStream>, request: &[u8]) {
     stream.read_exact(&mut body).expect("body");
 }
 
-/// p50 and p99 latency (ms) of `rate` requests/s of `GET target` for `seconds`, over 4 connections on a fixed
-/// schedule, and the rate achieved (lower when the client could not keep the schedule).
-pub fn paced(port: u16, target: &str, rate: f64, seconds: f64) -> (f64, f64, f64) {
+/// Latencies (ms) of a paced run, and the rate achieved (lower when the client could not keep
+/// the schedule).
+#[derive(Debug, Clone, Copy)]
+pub struct Paced {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub achieved: f64,
+}
+
+/// `rate` requests/s of `GET target` for `seconds`, over 4 connections on a fixed schedule.
+pub fn paced(port: u16, target: &str, rate: f64, seconds: f64) -> Paced {
     const CONNECTIONS: usize = 4;
     let request = format!("GET {target} HTTP/1.1\r\nHost: bench\r\nConnection: keep-alive\r\n\r\n");
     let interval = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
@@ -50,9 +60,10 @@ pub fn paced(port: u16, target: &str, rate: f64, seconds: f64) -> (f64, f64, f64
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
-                    let sent = Instant::now();
                     exchange(&mut stream, request.as_bytes());
-                    latencies.push(sent.elapsed().as_secs_f64() * 1000.0);
+                    // From when the request was due, not when it was sent: a request held
+                    // back behind a stalled one waited too (no coordinated omission).
+                    latencies.push(due.elapsed().as_secs_f64() * 1000.0);
                 }
                 latencies
             })
@@ -65,5 +76,10 @@ pub fn paced(port: u16, target: &str, rate: f64, seconds: f64) -> (f64, f64, f64
     let achieved = all.len() as f64 / start.elapsed().as_secs_f64();
     all.sort_by(f64::total_cmp);
     let at = |q: f64| all[((all.len() as f64 * q) as usize).min(all.len() - 1)];
-    (at(0.5), at(0.99), achieved)
+    Paced {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: at(1.0),
+        achieved,
+    }
 }
