@@ -230,15 +230,15 @@ fn main() {
     println!();
     println!("Paced at half the reducer's full-load rate ({half:.0} requests/s):");
     println!();
-    println!("| server | achieved requests/s | p50 | p99 |");
-    println!("|---|---:|---:|---:|");
+    println!("| server | achieved requests/s | p50 | p99 | max |");
+    println!("|---|---:|---:|---:|---:|");
     for (name, run) in [
         ("nginx, static file", static_paced),
         ("topk reducer API", api_paced),
     ] {
         println!(
-            "| {name} | {:.0} | {:.3} ms | {:.3} ms |",
-            run.achieved, run.p50, run.p99
+            "| {name} | {:.0} | {:.3} ms | {:.3} ms | {:.1} ms |",
+            run.achieved, run.p50, run.p99, run.max
         );
     }
 }
