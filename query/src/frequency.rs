@@ -58,8 +58,9 @@ pub struct PointRequest {
 /// Requests waiting for the counting thread; more are refused (503) rather than queued.
 pub const POINT_QUEUE: usize = 256;
 
-/// How long a request waits for the counting thread: longer only while it checkpoints or
-/// takes over a shard.
+/// How long a request waits for the counts: longer only while the counting thread
+/// checkpoints (with [`ChannelPointCounts`]) or publishes a large summary or takes over a
+/// shard.
 const ANSWER_WAIT: Duration = Duration::from_secs(2);
 
 /// [`PointCounts`] answered by a thread that owns the counts and takes [`PointRequest`]s
@@ -92,6 +93,64 @@ fn refused(
     futures::future::ready(Err(Unanswered(code, message))).boxed()
 }
 
+/// The position of `window` among `windows`, or the refusal of an unknown one.
+fn window_index(
+    windows: &[String],
+    window: &str,
+) -> Result<usize, BoxFuture<'static, Result<FrequencyAnswer, Unanswered>>> {
+    windows.iter().position(|w| *w == window).ok_or_else(|| {
+        refused(
+            StatusCode::BAD_REQUEST,
+            format!("unknown window {window:?}"),
+        )
+    })
+}
+
+/// What [`BlockingPointCounts`] looks keys up with: window position, scope, keys.
+pub type Lookup = dyn Fn(usize, &str, &[String]) -> FrequencyAnswer + Send + Sync;
+
+/// [`PointCounts`] answered by a lookup on a blocking thread, for counts that the counting
+/// thread shares behind a lock it holds a batch at a time (a worker's shards): answers go on
+/// while that thread checkpoints, which only reads them.
+pub struct BlockingPointCounts {
+    windows: Vec<String>,
+    lookup: Arc<Lookup>,
+}
+
+impl BlockingPointCounts {
+    pub fn new(windows: Vec<String>, lookup: Arc<Lookup>) -> Self {
+        Self { windows, lookup }
+    }
+}
+
+impl PointCounts for BlockingPointCounts {
+    fn counts(
+        &self,
+        window: String,
+        scope: String,
+        keys: Vec<String>,
+    ) -> BoxFuture<'static, Result<FrequencyAnswer, Unanswered>> {
+        let window = match window_index(&self.windows, &window) {
+            Ok(window) => window,
+            Err(refusal) => return refusal,
+        };
+        let lookup = self.lookup.clone();
+        async move {
+            let task = tokio::task::spawn_blocking(move || lookup(window, &scope, &keys));
+            match tokio::time::timeout(ANSWER_WAIT, task).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(err)) => Err(Unanswered::unavailable(format!(
+                    "the point-count lookup failed: {err}"
+                ))),
+                Err(_) => Err(Unanswered::unavailable(
+                    "the shards were not readable in time (the counting thread is closing a bucket of a large state); retry",
+                )),
+            }
+        }
+        .boxed()
+    }
+}
+
 impl PointCounts for ChannelPointCounts {
     fn counts(
         &self,
@@ -99,11 +158,9 @@ impl PointCounts for ChannelPointCounts {
         scope: String,
         keys: Vec<String>,
     ) -> BoxFuture<'static, Result<FrequencyAnswer, Unanswered>> {
-        let Some(window) = self.windows.iter().position(|w| *w == window) else {
-            return refused(
-                StatusCode::BAD_REQUEST,
-                format!("unknown window {window:?}"),
-            );
+        let window = match window_index(&self.windows, &window) {
+            Ok(window) => window,
+            Err(refusal) => return refusal,
         };
         let (reply, answer) = oneshot::channel();
         let request = PointRequest {

@@ -8,8 +8,8 @@
 pub mod frequency;
 
 pub use frequency::{
-    ChannelPointCounts, Frequency, PointCounts, PointRequest, Unanswered, answer_with_pipeline,
-    frequency_router, point_channel,
+    BlockingPointCounts, ChannelPointCounts, Frequency, Lookup, PointCounts, PointRequest,
+    Unanswered, answer_with_pipeline, frequency_router, point_channel,
 };
 
 use std::collections::{BTreeMap, HashMap};

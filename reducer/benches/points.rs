@@ -136,7 +136,7 @@ fn main() {
     let engine = settings.engine.clone();
     let mut worker =
         Worker::new(settings, tables.clone(), reports, health.clone()).expect("worker");
-    let worker_app = topk_worker::router(health.clone(), &engine, worker.take_point_counts());
+    let worker_app = topk_worker::router(health.clone(), &engine, worker.point_counts());
     let stop = Arc::new(AtomicBool::new(false));
     let stopper = stop.clone();
     let counting = std::thread::spawn(move || worker.run(&stopper).expect("worker run"));

@@ -19,8 +19,6 @@ use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
@@ -55,46 +53,11 @@ impl Drop for Queue {
 }
 
 /// A consumer that reads its queue in batches. Fields drop in order: both queue handles go
-/// before the client they belong to (and [`ReadWaker`]s lose theirs first, in `drop`).
+/// before the client they belong to.
 pub struct InputConsumer {
     messages: Queue,
     logs: Queue,
-    waker: ReadWaker,
     consumer: BaseConsumer,
-}
-
-/// Ends an [`InputConsumer::read`] that waits for messages, from another thread: the reading
-/// thread then gets to other work (a query) at once instead of after its wait. Holds its own
-/// handle on the consumer queue, which the consumer takes away before it closes.
-#[derive(Clone)]
-pub struct ReadWaker(Arc<Wake>);
-
-struct Wake {
-    queue: Mutex<Option<Queue>>,
-    /// Set before the queue is woken: librdkafka's wake-up flag is also taken by a read that
-    /// does not wait (the first look of [`InputConsumer::read`]), which would lose it.
-    pending: AtomicBool,
-}
-
-impl ReadWaker {
-    pub fn wake(&self) {
-        self.0.pending.store(true, Ordering::SeqCst);
-        if let Some(queue) = self
-            .0
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            // SAFETY: the handle is live while it is in the mutex (see `InputConsumer::drop`).
-            unsafe { rd::rd_kafka_queue_yield(queue.0.as_ptr()) }
-        }
-    }
-
-    /// Whether a wake came since the last call.
-    fn take(&self) -> bool {
-        self.0.pending.swap(false, Ordering::SeqCst)
-    }
 }
 
 impl InputConsumer {
@@ -108,10 +71,6 @@ impl InputConsumer {
             "consumer",
         )?;
         let logs = Queue::new(unsafe { rd::rd_kafka_queue_new(client) }, "log")?;
-        let waker = Queue::new(
-            unsafe { rd::rd_kafka_queue_get_consumer(client) },
-            "consumer",
-        )?;
         // SAFETY: both handles are live; librdkafka keeps its own reference to the log queue.
         let err = unsafe { rd::rd_kafka_set_log_queue(client, logs.0.as_ptr()) };
         if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
@@ -120,17 +79,8 @@ impl InputConsumer {
         Ok(Self {
             messages,
             logs,
-            waker: ReadWaker(Arc::new(Wake {
-                queue: Mutex::new(Some(waker)),
-                pending: AtomicBool::new(false),
-            })),
             consumer,
         })
-    }
-
-    /// A handle that wakes this consumer's waiting [`Self::read`] from another thread.
-    pub fn waker(&self) -> ReadWaker {
-        self.waker.clone()
     }
 
     /// The consumer, for assignments, seeks and watermarks.
@@ -139,8 +89,8 @@ impl InputConsumer {
     }
 
     /// Appends up to `max` (at most [`MAX_BATCH`]) messages to `out`: waits up to `wait` for
-    /// the first one (less when a [`ReadWaker`] wakes it), then takes whatever else is already
-    /// fetched. Returns how many it appended.
+    /// the first one, then takes whatever else is already fetched. Returns how many it
+    /// appended.
     pub fn read<'c>(
         &'c self,
         wait: Duration,
@@ -149,7 +99,7 @@ impl InputConsumer {
     ) -> usize {
         let max = max.min(MAX_BATCH);
         let ready = self.take(0, max, out);
-        if ready > 0 || wait.is_zero() || self.waker.take() {
+        if ready > 0 || wait.is_zero() {
             return ready;
         }
         // The batch call waits until it has `max` messages; ask for one, then the rest.
@@ -230,15 +180,6 @@ impl InputConsumer {
 
 impl Drop for InputConsumer {
     fn drop(&mut self) {
-        // No waker may touch the queue once the client goes.
-        drop(
-            self.waker
-                .0
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
         // The last lines, then logs back to the crate's route for the consumer's closing.
         self.drain_logs();
         // SAFETY: the client is live (the consumer drops after this); null restores the

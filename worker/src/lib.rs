@@ -16,7 +16,7 @@ use topk_api::DataPlaneConfig;
 use topk_api::KafkaClients;
 use topk_api::dataplane::std_duration;
 use topk_engine::EngineConfig;
-use topk_query::{ChannelPointCounts, Frequency, frequency_router};
+use topk_query::{BlockingPointCounts, Frequency, frequency_router};
 use topk_runtime::probes::{self, Probes};
 
 use topk_runtime::{ControlPlane, control, shutdown_signal};
@@ -69,7 +69,7 @@ pub fn settings(
 pub fn router(
     health: Arc<Health>,
     engine: &EngineConfig,
-    points: Option<ChannelPointCounts>,
+    points: BlockingPointCounts,
 ) -> axum::Router {
     let metrics = health.clone();
     let requests = health.metrics.point_queries.clone();
@@ -78,15 +78,12 @@ pub fn router(
         ready: Arc::new(move || health.ready.load(Ordering::SeqCst)),
         waiting: "restoring shards",
     });
-    match points {
-        Some(points) => probes.merge(frequency_router(Arc::new(Frequency {
-            metric: engine.metric.clone(),
-            windows: engine.windows.iter().map(|w| w.name.clone()).collect(),
-            counts: Arc::new(points),
-            requests,
-        }))),
-        None => probes,
-    }
+    probes.merge(frequency_router(Arc::new(Frequency {
+        metric: engine.metric.clone(),
+        windows: engine.windows.iter().map(|w| w.name.clone()).collect(),
+        counts: Arc::new(points),
+        requests,
+    })))
 }
 
 /// Runs a worker until SIGTERM/SIGINT, then checkpoints and returns.
@@ -124,7 +121,7 @@ pub async fn run(
     }
     let engine = settings.engine.clone();
     let mut worker = Worker::new(settings, table_rx, report_tx, health.clone())?;
-    let app = router(health, &engine, worker.take_point_counts());
+    let app = router(health, &engine, worker.point_counts());
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(%err, "HTTP server stopped");

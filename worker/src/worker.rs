@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::{RwLock, RwLockWriteGuard};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -32,7 +33,7 @@ use crate::metrics::{
     KindLabel, RestoreSource, ShardLabel, SourceLabel, StateLabel, WorkerMetrics,
 };
 use topk_api::frequency::answer_from;
-use topk_query::{ChannelPointCounts, PointRequest, point_channel};
+use topk_query::BlockingPointCounts;
 use topk_runtime::control::Report;
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::now_ms;
@@ -63,8 +64,12 @@ pub struct WorkerSettings {
     pub max_summary_record_bytes: usize,
 }
 
+/// The counting state of the owned shards: written by the counting thread a batch of input at
+/// a time, read by point-count lookups, which go on while a checkpoint snapshots it (a read).
+type Streams = Arc<RwLock<BTreeMap<u32, ShardStream>>>;
+
+/// What the counting thread keeps of an owned shard besides its stream (in [`Streams`]).
 struct Owned {
-    stream: ShardStream,
     /// Per shard: the events of one partition most likely share a producer's layout.
     parser: EventParser,
     epoch: u64,
@@ -105,6 +110,7 @@ pub struct Worker {
     delivery: DeliveryCounter,
     store: CheckpointStore,
     owned: BTreeMap<u32, Owned>,
+    streams: Streams,
     table_version: Option<u64>,
     tables: watch::Receiver<Option<AssignmentTable>>,
     reports: mpsc::UnboundedSender<Report>,
@@ -112,10 +118,6 @@ pub struct Worker {
     last_snapshot: Instant,
     last_lag_check: Instant,
     summaries: Vec<ShardSummary>,
-    /// Point-count requests from the HTTP side, answered between batches.
-    points: mpsc::Receiver<PointRequest>,
-    /// The asking side of `points`, until the HTTP routes take it.
-    point_counts: Option<ChannelPointCounts>,
 }
 
 /// What one [`Sink::consume_batch`] did.
@@ -182,15 +184,16 @@ impl InputPosition {
 fn parse_ahead<'m>(
     msg: Option<&'m InputMessage<'_>>,
     owned: &mut BTreeMap<u32, Owned>,
+    streams: &BTreeMap<u32, ShardStream>,
 ) -> Option<Result<Event<'m>, RejectReason>> {
     let msg = msg?;
     if msg.error().is_some() {
         return None;
     }
-    let owned = owned.get_mut(&(msg.partition() as u32))?;
-    let parsed = owned.parser.parse(msg.payload());
-    if let Ok(event) = &parsed {
-        owned.stream.prefetch(event);
+    let shard = msg.partition() as u32;
+    let parsed = owned.get_mut(&shard)?.parser.parse(msg.payload());
+    if let (Ok(event), Some(stream)) = (&parsed, streams.get(&shard)) {
+        stream.prefetch(event);
     }
     Some(parsed)
 }
@@ -203,6 +206,7 @@ impl Sink {
         input: &InputConsumer,
         now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
+        streams: &Streams,
         summaries: &mut Vec<ShardSummary>,
     ) -> Result<Batch, Error> {
         let mut messages = Vec::with_capacity(BATCH);
@@ -217,13 +221,18 @@ impl Sink {
                 acc ^ p.first().copied().unwrap_or(0) ^ p.last().copied().unwrap_or(0)
             });
         std::hint::black_box(touched);
+        // Taken after the wait for input, for this batch only; handed on fairly at its end, so
+        // that a waiting point count reads before the next batch.
+        let mut locked = streams.write();
+        let streams = &mut *locked;
         let mut new = 0;
         let mut out_of_range = Vec::new();
         // Each message is parsed one step before its turn and its key's record prefetched, so
         // that the cache miss on the record overlaps counting the message before it.
-        let mut next = parse_ahead(messages.first(), owned);
+        let mut next = parse_ahead(messages.first(), owned, streams);
         for (at, msg) in messages.iter().enumerate() {
-            let parsed = std::mem::replace(&mut next, parse_ahead(messages.get(at + 1), owned));
+            let parsed =
+                std::mem::replace(&mut next, parse_ahead(messages.get(at + 1), owned, streams));
             if msg.is_offset_out_of_range() {
                 out_of_range.push(msg.partition() as u32);
                 continue;
@@ -233,8 +242,9 @@ impl Sink {
                 tracing::warn!(%err, "consumer error");
                 continue;
             }
-            new += u64::from(self.handle(msg, parsed, now_ms, owned, summaries)?);
+            new += u64::from(self.handle(msg, parsed, now_ms, owned, streams, summaries)?);
         }
+        RwLockWriteGuard::unlock_fair(locked);
         Ok(Batch {
             polled,
             new,
@@ -250,11 +260,12 @@ impl Sink {
         parsed: Option<Result<Event<'_>, RejectReason>>,
         now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
+        streams: &mut BTreeMap<u32, ShardStream>,
         summaries: &mut Vec<ShardSummary>,
     ) -> Result<bool, Error> {
         let shard = msg.partition() as u32;
         let offset = msg.offset();
-        let Some(owned) = owned.get_mut(&shard) else {
+        let (Some(owned), Some(stream)) = (owned.get_mut(&shard), streams.get_mut(&shard)) else {
             return Ok(false); // released since it was fetched
         };
         if offset < owned.next_offset {
@@ -269,7 +280,7 @@ impl Sink {
         let reference_ms = msg.timestamp_ms().unwrap_or(now_ms);
         let outcome = parsed
             .unwrap_or_else(|| owned.parser.parse(payload))
-            .and_then(|event| owned.stream.ingest(&event, reference_ms, summaries));
+            .and_then(|event| stream.ingest(&event, reference_ms, summaries));
         match outcome {
             Ok(check) => metrics.deduped(check),
             Err(reason) => {
@@ -453,14 +464,6 @@ impl Worker {
                 .inc();
         }
         let input = InputConsumer::new(consumer)?;
-        let waker = input.waker();
-        let windows = settings
-            .engine
-            .windows
-            .iter()
-            .map(|w| w.name.clone())
-            .collect();
-        let (point_counts, points) = point_channel(windows, Arc::new(move || waker.wake()));
         Ok(Self {
             sink: Sink {
                 settings,
@@ -472,6 +475,7 @@ impl Worker {
             delivery,
             store,
             owned: BTreeMap::new(),
+            streams: Arc::default(),
             table_version: None,
             tables,
             reports,
@@ -479,40 +483,29 @@ impl Worker {
             last_snapshot: Instant::now(),
             last_lag_check: Instant::now(),
             summaries: Vec::new(),
-            points,
-            point_counts: Some(point_counts),
         })
     }
 
-    /// What answers point counts from this worker's shards (`GET /v1/frequency`): requests
-    /// go to the counting thread, which owns the state, and wake its wait for input. `None`
-    /// once taken.
-    pub fn take_point_counts(&mut self) -> Option<ChannelPointCounts> {
-        self.point_counts.take()
-    }
-
-    /// Answers the point-count requests waiting: one lookup per key in the owned shards, as of
-    /// each window's last closed boundary.
-    fn answer_points(&mut self) {
-        while let Ok(request) = self.points.try_recv() {
-            let (owned, window, scope) = (&self.owned, request.window, &request.scope);
-            let answer = answer_from(
-                &self.sink.settings.engine,
-                window,
-                scope,
-                &request.keys,
-                now_ms(),
-                |shard, key| {
-                    let stream = &owned.get(&shard)?.stream;
+    /// What answers point counts from this worker's shards (`GET /v1/frequency`): lookups in
+    /// the owned shards' streams, as of each window's last closed boundary, on a blocking
+    /// thread; they wait for at most the batch being counted, never for a checkpoint.
+    pub fn point_counts(&self) -> BlockingPointCounts {
+        let engine = Arc::new(self.sink.settings.engine.clone());
+        let windows = engine.windows.iter().map(|w| w.name.clone()).collect();
+        let streams = self.streams.clone();
+        BlockingPointCounts::new(
+            windows,
+            Arc::new(move |window, scope, keys| {
+                let streams = streams.read();
+                answer_from(&engine, window, scope, keys, now_ms(), |shard, key| {
+                    let stream = streams.get(&shard)?;
                     Some((
                         stream.point_count(window, scope, key),
                         stream.watermark_ms(),
                     ))
-                },
-            );
-            // The asker may have given up (timed out): nothing to do then.
-            let _ = request.reply.send(answer);
-        }
+                })
+            }),
+        )
     }
 
     /// Runs until `stop` is set, then checkpoints every shard and returns.
@@ -538,6 +531,7 @@ impl Worker {
                     &self.input,
                     clock_ms,
                     &mut self.owned,
+                    &self.streams,
                     &mut self.summaries,
                 )?;
                 since_housekeeping += batch.polled;
@@ -547,8 +541,6 @@ impl Worker {
                 }
                 batch.polled == 0
             };
-            // Before housekeeping, whose broker round trips would hold the answers up.
-            self.answer_points();
             if !idle && since_housekeeping < HOUSEKEEPING_EVERY {
                 continue;
             }
@@ -619,10 +611,10 @@ impl Worker {
             if !high.is_ok_and(|high| read_to(&positions, shard, owned) >= high) {
                 continue;
             }
-            if owned
-                .stream
-                .advance_idle(now, idle.as_millis() as i64, &mut self.summaries)
-            {
+            let advanced = self.streams.write().get_mut(&shard).is_some_and(|stream| {
+                stream.advance_idle(now, idle.as_millis() as i64, &mut self.summaries)
+            });
+            if advanced {
                 moved = true;
                 let bodies = self
                     .sink
@@ -681,17 +673,21 @@ impl Worker {
         metrics.checkpoint_bytes.set(bytes as i64);
         let (mut state, mut scopes, mut ids) = (0, 0, 0);
         let now = now_ms();
+        let streams = self.streams.read();
         for (shard, owned) in &mut self.owned {
-            state += owned.stream.state_bytes();
-            scopes += owned.stream.scopes();
-            ids += owned.stream.remembered_ids();
-            let expired = owned.stream.expired_scopes();
+            let Some(stream) = streams.get(shard) else {
+                continue;
+            };
+            state += stream.state_bytes();
+            scopes += stream.scopes();
+            ids += stream.remembered_ids();
+            let expired = stream.expired_scopes();
             metrics
                 .scopes_expired
                 .inc_by(expired.saturating_sub(owned.expired_scopes_counted));
             owned.expired_scopes_counted = expired;
             let label = ShardLabel { shard: *shard };
-            if let Some(wm) = owned.stream.watermark_ms() {
+            if let Some(wm) = stream.watermark_ms() {
                 metrics
                     .watermark_lag_seconds
                     .get_or_create(&label)
@@ -701,6 +697,7 @@ impl Worker {
         metrics.state_bytes.set(state as i64);
         metrics.scopes.set(scopes as i64);
         metrics.dedupe_ids.set(ids as i64);
+        drop(streams);
         self.last_checkpoint = Instant::now();
         // Idle summaries are in the checkpoint just written: they may go out now.
         self.send_outboxes()?;
@@ -811,16 +808,20 @@ impl Worker {
         }
     }
 
+    /// What a checkpoint of every owned shard holds; point counts are answered meanwhile.
     fn checkpoints(&self) -> Vec<Checkpoint> {
+        let streams = self.streams.read();
         self.owned
             .iter()
-            .map(|(shard, o)| Checkpoint {
-                shard: *shard,
-                epoch: o.epoch,
-                next_offset: o.next_offset,
-                stream: o.stream.snapshot(),
-                outbox: o.outbox.clone(),
-                input_topic_id: o.input_topic_id.clone(),
+            .filter_map(|(shard, o)| {
+                Some(Checkpoint {
+                    shard: *shard,
+                    epoch: o.epoch,
+                    next_offset: o.next_offset,
+                    stream: streams.get(shard)?.snapshot(),
+                    outbox: o.outbox.clone(),
+                    input_topic_id: o.input_topic_id.clone(),
+                })
             })
             .collect()
     }
@@ -875,6 +876,7 @@ impl Worker {
             }
             for shard in &released {
                 self.owned.remove(shard);
+                self.streams.write().remove(shard);
                 // Left behind, it is older than any state the shard comes back with.
                 if let Err(err) = self.store.remove(*shard) {
                     tracing::warn!(shard, %err, "cannot forget the released shard's checkpoint");
@@ -892,9 +894,10 @@ impl Worker {
             self.sink.health.ready.store(false, Ordering::SeqCst);
         }
         for (shard, epoch) in gained {
-            let owned = self.restore(shard, epoch)?;
+            let (owned, stream) = self.restore(shard, epoch)?;
             tracing::info!(shard, epoch, next_offset = owned.next_offset, "acquired");
             self.owned.insert(shard, owned);
+            self.streams.write().insert(shard, stream);
         }
         self.assign_owned()?;
         // Idle summaries a crash kept from being sent go out now (the same records again).
@@ -1044,7 +1047,7 @@ impl Worker {
     /// A shard that moved here (epoch above 1) waits up to `handoff_wait` for its previous
     /// owner's release snapshot; if that owner is gone, an older snapshot (replayed from its
     /// offset) is just as exact, only slower.
-    fn restore(&mut self, shard: u32, epoch: u64) -> Result<Owned, Error> {
+    fn restore(&mut self, shard: u32, epoch: u64) -> Result<(Owned, ShardStream), Error> {
         // Why a saved state was not used, if one was found but refused.
         let mut unusable = None;
         let local = match self.store.load(shard) {
@@ -1153,8 +1156,7 @@ impl Worker {
         stream.set_epoch(epoch);
         let (next_offset, input_topic_id) =
             self.resume_offset(shard, next_offset, counted.as_deref())?;
-        Ok(Owned {
-            stream,
+        let owned = Owned {
             parser: EventParser::new(self.sink.settings.engine.max_key_bytes),
             epoch,
             next_offset,
@@ -1164,7 +1166,8 @@ impl Worker {
             published,
             expired_scopes_counted: 0,
             input_topic_id,
-        })
+        };
+        Ok((owned, stream))
     }
 }
 
