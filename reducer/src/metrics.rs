@@ -53,6 +53,7 @@ pub struct ReducerMetrics {
     pub versions_published: Counter,
     pub lists_expired: Counter,
     pub publish_seconds: Histogram,
+    pub publication_delay_seconds: Family<WindowLabel, Histogram, fn() -> Histogram>,
     pub missing_shard: Family<MissingLabel, Gauge>,
     pub missing_region: Family<MissingRegionLabel, Gauge>,
     pub region_lists_sent: Counter,
@@ -94,6 +95,11 @@ pub struct RecountGauges {
     pub rejected: Family<ReasonLabel, Gauge>,
 }
 
+/// 1 ms to ~33 s: a healthy publication takes milliseconds, a stalled one seconds.
+fn publication_delay_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
 impl Default for ReducerMetrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("topk_reducer");
@@ -103,6 +109,7 @@ impl Default for ReducerMetrics {
             versions_published: Counter::default(),
             lists_expired: Counter::default(),
             publish_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            publication_delay_seconds: Family::new_with_constructor(publication_delay_histogram),
             missing_shard: Family::default(),
             missing_region: Family::default(),
             region_lists_sent: Counter::default(),
@@ -185,6 +192,11 @@ impl Default for ReducerMetrics {
             "publish_seconds",
             "Time to merge, store and point one window end",
             m.publish_seconds.clone(),
+        );
+        r.register(
+            "publication_delay_seconds",
+            "From the moment the last shard's watermark passed a bucket boundary (its summary sent) to the moment the lists of that window end are served",
+            m.publication_delay_seconds.clone(),
         );
         r.register(
             "missing_shard",

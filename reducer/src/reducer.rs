@@ -30,7 +30,7 @@ use crate::exact::{
 use crate::hours::{Hours, Ingested};
 use crate::metrics::{MissingLabel, MissingRegionLabel, ReducerMetrics, WindowLabel};
 use crate::regions::{RegionsConfig, RegionsState};
-use crate::state::{Publication, ReducerConfig, ReducerState};
+use crate::state::{Outcome, Publication, ReducerConfig, ReducerState};
 use crate::store::{Meta, RankingStore, Retention};
 use topk_engine::summary::KeyCount;
 pub(crate) use topk_runtime::now_ms;
@@ -380,8 +380,14 @@ impl Reducer {
                     let payload = msg.payload().unwrap_or_default();
                     match serde_json::from_slice::<SummaryRecord>(payload) {
                         Ok(record) => {
-                            let outcome = self.state.offer(record, msg.offset());
+                            let sent_ms = msg.timestamp().to_millis();
+                            let outcome = self.state.offer(record, msg.offset(), sent_ms);
                             self.shared.metrics.outcome(outcome);
+                            // The last shard's summary of an end: publish now, not at the
+                            // next housekeeping (up to 100 ms later).
+                            if outcome == Outcome::Accepted && self.state.has_complete_end() {
+                                since_housekeeping = HOUSEKEEPING_EVERY;
+                            }
                         }
                         Err(err) => {
                             self.shared.metrics.unreadable_summaries.inc();
@@ -702,6 +708,17 @@ impl Reducer {
             .publish_seconds
             .observe(started.elapsed().as_secs_f64());
         if !republish {
+            let served_ms = now_ms();
+            for publication in &publications {
+                if let Some(sent_ms) = publication.summaries_sent_ms {
+                    metrics
+                        .publication_delay_seconds
+                        .get_or_create(&WindowLabel {
+                            window: publication.window.clone(),
+                        })
+                        .observe((served_ms - sent_ms).max(0) as f64 / 1000.0);
+                }
+            }
             self.send_to_global(&publications);
         }
         Ok(())

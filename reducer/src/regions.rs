@@ -279,6 +279,7 @@ fn merged(
                 .map(|(_, name)| name.clone())
                 .collect(),
         }),
+        summaries_sent_ms: None,
     }
 }
 

@@ -165,6 +165,9 @@ pub struct Publication {
     pub head: Option<StreamingHour>,
     /// Of a list merged from regions: the regions it covers and those missing.
     pub regions: Option<RegionCoverage>,
+    /// When the last shard sent its summary of this end (the moment the last watermark passed
+    /// the boundary, on the workers' clocks), if the records carried timestamps.
+    pub summaries_sent_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -177,6 +180,9 @@ struct Pending {
     /// The parts the summary was sent in, and those received (their scopes are in `summary`).
     parts: u32,
     received: BTreeSet<u32>,
+    /// When its last part was sent (the worker's clock, from the record timestamp): just after
+    /// the shard's watermark passed the window end.
+    sent_ms: Option<i64>,
 }
 
 impl Pending {
@@ -203,7 +209,7 @@ pub struct ReducerState {
     cfg: ReducerConfig,
     table: Option<AssignmentTable>,
     windows: Vec<WindowState>,
-    quarantine: VecDeque<(SummaryRecord, i64)>,
+    quarantine: VecDeque<(SummaryRecord, i64, Option<i64>)>,
     deny: BTreeSet<String>,
     /// Pending ends and quarantined summaries dropped because their bound was reached.
     dropped: u64,
@@ -293,12 +299,18 @@ impl ReducerState {
         let waiting: Vec<_> = self.quarantine.drain(..).collect();
         waiting
             .into_iter()
-            .map(|(record, offset)| self.offer(record, offset))
+            .map(|(record, offset, sent_ms)| self.offer(record, offset, sent_ms))
             .collect()
     }
 
-    /// Considers one summary; `record_offset` is its offset in the summaries topic.
-    pub fn offer(&mut self, record: SummaryRecord, record_offset: i64) -> Outcome {
+    /// Considers one summary; `record_offset` is its offset in the summaries topic, `sent_ms`
+    /// its record's timestamp.
+    pub fn offer(
+        &mut self,
+        record: SummaryRecord,
+        record_offset: i64,
+        sent_ms: Option<i64>,
+    ) -> Outcome {
         let summary = &record.summary;
         if summary.metric != self.cfg.metric {
             return Outcome::OtherMetric;
@@ -327,7 +339,7 @@ impl ReducerState {
             Some(epoch) if summary.epoch < epoch => return Outcome::StaleEpoch,
             Some(epoch) if summary.epoch == epoch => {}
             _ => {
-                self.quarantine.push_back((record, record_offset));
+                self.quarantine.push_back((record, record_offset, sent_ms));
                 if self.quarantine.len() > MAX_QUARANTINE {
                     self.quarantine.pop_front();
                     self.dropped += 1;
@@ -353,6 +365,7 @@ impl ReducerState {
                 }
                 held.received.insert(record.part);
                 held.record_offset = held.record_offset.min(record_offset);
+                held.sent_ms = held.sent_ms.max(sent_ms);
                 held.summary.scopes.extend(record.summary.scopes);
             }
             _ => {
@@ -365,6 +378,7 @@ impl ReducerState {
                         record_offset,
                         parts: record.parts,
                         received: BTreeSet::from([record.part]),
+                        sent_ms,
                     },
                 );
             }
@@ -374,6 +388,16 @@ impl ReducerState {
             self.dropped += 1;
         }
         Outcome::Accepted
+    }
+
+    /// Whether some window has an end every shard has reported in full: [`Self::publish_ready`]
+    /// would publish it.
+    pub fn has_complete_end(&self) -> bool {
+        let shards = self.cfg.shards as usize;
+        self.windows
+            .iter()
+            .flat_map(|w| w.pending.values())
+            .any(|by_shard| complete_shards(by_shard) == shards)
     }
 
     /// Merges and returns, per window, the newest end every shard has reported, and forgets
@@ -508,7 +532,7 @@ impl ReducerState {
             .flat_map(|w| w.pending.values())
             .flat_map(|by_shard| by_shard.values())
             .map(|p| p.record_offset);
-        let quarantined = self.quarantine.iter().map(|(_, offset)| *offset);
+        let quarantined = self.quarantine.iter().map(|(_, offset, _)| *offset);
         pending.chain(quarantined).fold(next, i64::min)
     }
 }
@@ -549,6 +573,7 @@ fn merged(
         exact_until_ms: None,
         head: None,
         regions: None,
+        summaries_sent_ms: complete.values().filter_map(|p| p.sent_ms).max(),
     }
 }
 
@@ -690,7 +715,10 @@ mod tests {
             quiet.summary.window = "24h+head".into();
             quiet.summary.window_start_ms = Some(5 * HOUR);
             quiet.summary.scopes.clear();
-            assert_eq!(state.offer(quiet, i64::from(shard)), Outcome::Accepted);
+            assert_eq!(
+                state.offer(quiet, i64::from(shard), None),
+                Outcome::Accepted
+            );
         }
         let published = state.publish_ready();
         assert_eq!(published.len(), 1);
@@ -718,21 +746,24 @@ mod tests {
         let mut state = ReducerState::new(cfg(), &[None]);
         state.set_table(table(1, [1, 1]));
         assert_eq!(
-            state.offer(record(0, 1, 1, 60_000, &[("a", 2)]), 0),
+            state.offer(record(0, 1, 1, 60_000, &[("a", 2)]), 0, None),
             Outcome::Accepted
         );
         assert!(state.publish_ready().is_empty());
         assert_eq!(state.missing(0), Some((60_000, vec![1])));
+        assert!(!state.has_complete_end());
         assert_eq!(
-            state.offer(record(1, 1, 1, 60_000, &[("b", 3)]), 1),
+            state.offer(record(1, 1, 1, 60_000, &[("b", 3)]), 1, None),
             Outcome::Accepted
         );
+        assert!(state.has_complete_end());
         let published = state.publish_ready();
+        assert!(!state.has_complete_end());
         assert_eq!(published.len(), 1);
         assert_eq!(keys(&published[0]), vec![("b".into(), 3), ("a".into(), 2)]);
         assert_eq!(state.missing(0), None);
         assert_eq!(
-            state.offer(record(0, 1, 1, 60_000, &[("a", 2)]), 0),
+            state.offer(record(0, 1, 1, 60_000, &[("a", 2)]), 0, None),
             Outcome::AlreadyPublished
         );
     }
@@ -741,24 +772,29 @@ mod tests {
     fn a_summary_in_parts_counts_once_every_part_is_in() {
         let mut state = ReducerState::new(cfg(), &[None]);
         state.set_table(table(1, [1, 1]));
-        state.offer(record(1, 1, 1, 60_000, &[("b", 3)]), 0);
+        state.offer(record(1, 1, 1, 60_000, &[("b", 3)]), 0, Some(61_000));
         let first = part(record(0, 1, 4, 60_000, &[("a", 2)]), 0, 3);
         let last = part(record(0, 1, 4, 60_000, &[("c", 5)]), 2, 3);
-        assert_eq!(state.offer(first.clone(), 1), Outcome::Accepted);
-        assert_eq!(state.offer(first, 1), Outcome::Duplicate);
-        assert_eq!(state.offer(last, 3), Outcome::Accepted);
+        assert_eq!(
+            state.offer(first.clone(), 1, Some(61_500)),
+            Outcome::Accepted
+        );
+        assert_eq!(state.offer(first, 1, None), Outcome::Duplicate);
+        assert_eq!(state.offer(last, 3, Some(61_200)), Outcome::Accepted);
         assert!(state.publish_ready().is_empty(), "part 1 is missing");
         assert_eq!(state.missing(0), Some((60_000, vec![0])));
         assert_eq!(state.resume_offset(10), 0);
         let wrong = part(record(0, 1, 4, 60_000, &[("x", 9)]), 1, 2);
-        assert_eq!(state.offer(wrong, 4), Outcome::InvalidPart);
+        assert_eq!(state.offer(wrong, 4, None), Outcome::InvalidPart);
         let middle = part(record(0, 1, 4, 60_000, &[("d", 1)]), 1, 3);
-        assert_eq!(state.offer(middle, 2), Outcome::Accepted);
+        assert_eq!(state.offer(middle, 2, None), Outcome::Accepted);
         let published = state.publish_ready();
         assert_eq!(
             keys(&published[0]),
             vec![("c".into(), 5), ("b".into(), 3), ("a".into(), 2)]
         );
+        // The publication delay is counted from the last record of the last shard.
+        assert_eq!(published[0].summaries_sent_ms, Some(61_500));
     }
 
     #[test]
@@ -767,7 +803,11 @@ mod tests {
         state.set_table(table(1, [1, 1]));
         for (n, parts) in [(0, 0), (3, 3), (0, MAX_SUMMARY_PARTS + 1)] {
             let bad = part(record(0, 1, 1, 60_000, &[("a", 1)]), n, parts);
-            assert_eq!(state.offer(bad, 0), Outcome::InvalidPart, "{n}/{parts}");
+            assert_eq!(
+                state.offer(bad, 0, None),
+                Outcome::InvalidPart,
+                "{n}/{parts}"
+            );
         }
     }
 
@@ -776,24 +816,24 @@ mod tests {
         let mut state = ReducerState::new(cfg(), &[None]);
         // Before any table, everything waits.
         assert_eq!(
-            state.offer(record(0, 2, 1, 60_000, &[("a", 1)]), 0),
+            state.offer(record(0, 2, 1, 60_000, &[("a", 1)]), 0, None),
             Outcome::Quarantined
         );
         assert_eq!(state.set_table(table(1, [2, 1])), vec![Outcome::Accepted]);
         assert_eq!(
-            state.offer(record(1, 0, 9, 60_000, &[("stale", 99)]), 1),
+            state.offer(record(1, 0, 9, 60_000, &[("stale", 99)]), 1, None),
             Outcome::StaleEpoch
         );
         assert_eq!(
-            state.offer(record(1, 2, 1, 60_000, &[("b", 1)]), 2),
+            state.offer(record(1, 2, 1, 60_000, &[("b", 1)]), 2, None),
             Outcome::Quarantined
         );
         assert_eq!(
-            state.offer(record(1, 1, 1, 60_000, &[("c", 1)]), 3),
+            state.offer(record(1, 1, 1, 60_000, &[("c", 1)]), 3, None),
             Outcome::Accepted
         );
         assert_eq!(
-            state.offer(record(1, 1, 1, 60_000, &[("c", 1)]), 3),
+            state.offer(record(1, 1, 1, 60_000, &[("c", 1)]), 3, None),
             Outcome::Duplicate
         );
         assert_eq!(state.resume_offset(10), 0);
@@ -821,10 +861,14 @@ mod tests {
         state.set_table(table(1, [1, 1]));
         assert!(state.replace_deny(["x".to_owned()].into()).is_empty());
         for (seq, end) in [(1, 60_000), (2, 70_000), (3, 80_000)] {
-            state.offer(record(0, 1, seq, end, &[("x", 9), ("a", seq)]), seq as i64);
+            state.offer(
+                record(0, 1, seq, end, &[("x", 9), ("a", seq)]),
+                seq as i64,
+                None,
+            );
         }
         for (seq, end) in [(1, 60_000), (2, 70_000)] {
-            state.offer(record(1, 1, seq, end, &[("b", 1)]), 10 + seq as i64);
+            state.offer(record(1, 1, seq, end, &[("b", 1)]), 10 + seq as i64, None);
         }
         let published = state.publish_ready();
         assert_eq!(published.len(), 1);
@@ -841,22 +885,22 @@ mod tests {
         state.set_table(table(1, [1, 1]));
         let mut r = record(0, 1, 1, 60_000, &[]);
         r.config_version = "old".into();
-        assert_eq!(state.offer(r, 0), Outcome::OtherConfig);
+        assert_eq!(state.offer(r, 0, None), Outcome::OtherConfig);
         let mut r = record(0, 1, 1, 60_000, &[]);
         r.summary.metric = "other".into();
-        assert_eq!(state.offer(r, 0), Outcome::OtherMetric);
+        assert_eq!(state.offer(r, 0, None), Outcome::OtherMetric);
         let mut r = record(0, 1, 1, 60_000, &[]);
         r.summary.window = "5m".into();
-        assert_eq!(state.offer(r, 0), Outcome::UnknownWindow);
+        assert_eq!(state.offer(r, 0, None), Outcome::UnknownWindow);
         assert_eq!(
-            state.offer(record(7, 1, 1, 60_000, &[]), 0),
+            state.offer(record(7, 1, 1, 60_000, &[]), 0, None),
             Outcome::UnknownShard
         );
         let mut r = record(0, 1, 1, 60_000, &[]);
         r.summary.window_end_ms = None;
-        assert_eq!(state.offer(r, 0), Outcome::NoWindowEnd);
+        assert_eq!(state.offer(r, 0, None), Outcome::NoWindowEnd);
         assert_eq!(
-            state.offer(record(0, 1, 1, 0, &[]), 0),
+            state.offer(record(0, 1, 1, 0, &[]), 0, None),
             Outcome::AlreadyPublished
         );
     }
@@ -865,8 +909,8 @@ mod tests {
     fn a_deny_list_change_republishes_the_last_end_and_lifting_restores_the_count() {
         let mut state = ReducerState::new(cfg(), &[None]);
         state.set_table(table(1, [1, 1]));
-        state.offer(record(0, 1, 1, 60_000, &[("x", 9), ("a", 2)]), 0);
-        state.offer(record(1, 1, 1, 60_000, &[("x", 1), ("b", 1)]), 1);
+        state.offer(record(0, 1, 1, 60_000, &[("x", 9), ("a", 2)]), 0, None);
+        state.offer(record(1, 1, 1, 60_000, &[("x", 1), ("b", 1)]), 1, None);
         let first = state.publish_ready();
         assert_eq!(keys(&first[0])[0], ("x".into(), 10));
         let denied = state.replace_deny(["x".to_owned()].into());
@@ -878,8 +922,8 @@ mod tests {
             "the same list again changes nothing"
         );
         // Still denied in later ends.
-        state.offer(record(0, 1, 2, 70_000, &[("x", 20), ("a", 3)]), 2);
-        state.offer(record(1, 1, 2, 70_000, &[("b", 1)]), 3);
+        state.offer(record(0, 1, 2, 70_000, &[("x", 20), ("a", 3)]), 2, None);
+        state.offer(record(1, 1, 2, 70_000, &[("b", 1)]), 3, None);
         let later = state.publish_ready();
         assert!(keys(&later[0]).iter().all(|(key, _)| key != "x"));
         let lifted = state.replace_deny(Default::default());

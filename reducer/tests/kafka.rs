@@ -268,6 +268,18 @@ fn reducer_merges_fences_serves_and_recovers() {
     let (status, _, body) = get(&format!("{url}&k=1"), None);
     assert_eq!(status, 200);
     assert_eq!(keys(&serde_json::from_str(&body).expect("json")).len(), 1);
+    // The first end's publication delay: from the summaries' send (their record timestamps) to
+    // the list served, well under the minute the test allows.
+    let (_, _, metrics) = await_metrics(
+        &base,
+        "topk_reducer_publication_delay_seconds_count{window=\"1m\"} 1",
+    );
+    assert!(
+        metrics.contains(
+            "topk_reducer_publication_delay_seconds_bucket{le=\"32.768\",window=\"1m\"} 1"
+        ),
+        "{metrics}"
+    );
 
     // Shard 1 is silent for the second minute: the first list stays, and turns stale.
     let e2 = e1 + MINUTE;

@@ -197,7 +197,7 @@ proptest! {
             let q = open[(rng % open.len() as u64) as usize];
             let summary = queues[q].remove(0);
             let epoch = summary.epoch;
-            let outcome = state.offer(record(summary), offset);
+            let outcome = state.offer(record(summary), offset, None);
             offset += 1;
             if epoch == 1 {
                 prop_assert_eq!(outcome, Outcome::StaleEpoch);

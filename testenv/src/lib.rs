@@ -298,10 +298,15 @@ impl TestEnv {
                 .map(|t| t.name),
         );
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        self.delete_topics(&names).await;
+    }
+
+    /// Deletes topics `names`; panics on failure (a benchmark's clean-up).
+    pub async fn delete_topics(&self, names: &[&str]) {
         let admin: AdminClient<DefaultClientContext> =
             self.kafka_config().create().expect("Kafka admin client");
         let results = admin
-            .delete_topics(&names, &AdminOptions::new())
+            .delete_topics(names, &AdminOptions::new())
             .await
             .expect("delete topics");
         for r in results {

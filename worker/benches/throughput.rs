@@ -6,20 +6,19 @@
 //! seconds of counting, so that start-up effects such as the first touch of fetch buffers and
 //! table growth weigh little and the worker checkpoints at least once while it is timed).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
-use topk_api::assignment::{AssignmentTable, ShardOwner};
-use topk_testenv::{TestEnv, metric_manifest, unique_name};
-use topk_worker::{Health, Worker};
+use topk_testenv::{TestEnv, unique_name};
+use topk_worker::Health;
 
 // The same allocator as the `topk` binary, so that the numbers are the deployed worker's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod bench_worker;
 mod kafka_bench;
+
+use bench_worker::BenchWorker;
 
 use kafka_bench::{
     Reads, ThreadTimes, bare_consumer, count_from_env, now_ms, process_cpu, produce,
@@ -128,48 +127,13 @@ windows:
   - {{name: 1h, length: 1h, bucket: 1m}}
 "#
     );
-    let manifest = metric_manifest(name, "bench", &env.kafka_bootstrap, topic, &spec);
-    let mut metric = topk_api::load_manifest(&manifest).expect("manifest");
-    metric.metadata.namespace = Some("bench".into());
-    let config = topk_api::DataPlaneConfig::from_metric(&metric).expect("config");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kafka = topk_api::KafkaClients::one_cluster(topk_api::kafka::KafkaProperties::plaintext(
-        &env.kafka_bootstrap,
-    ));
-    let mut settings = topk_worker::settings(&config, 0, kafka).expect("settings");
-    settings.state_dir = dir.path().to_owned();
-    // More often than the default (5 s), so that checkpoints fall inside the timed stretch.
-    settings.checkpoint_every = Duration::from_secs(1);
-    let table = AssignmentTable {
-        version: 1,
-        shards: (0..SHARDS)
-            .map(|shard| ShardOwner {
-                shard,
-                worker: 0,
-                epoch: 1,
-            })
-            .collect(),
-    };
-    let (_tables_tx, tables) = watch::channel(Some(table));
-    let (reports, _reports_rx) = mpsc::unbounded_channel();
-    let health = Arc::new(Health::default());
-    let mut worker = Worker::new(settings, tables, reports, health.clone()).expect("worker");
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopper = stop.clone();
     let started = Instant::now();
-    // Named so that a profiler can tell the worker from the producer and the waiting loop.
-    let thread = std::thread::Builder::new()
-        .name("topk-worker".into())
-        .spawn(move || {
-            worker.run(&stopper).expect("worker run");
-            (worker, ThreadTimes::read())
-        })
-        .expect("worker thread");
+    // Checkpoints more often than the default (5 s), so that they fall inside the timed stretch.
+    let worker = BenchWorker::start(env, name, topic, &spec, SHARDS, Duration::from_secs(1));
+    let health = worker.health.clone();
     // Restoring shards (reading the handoff topic) is startup, not throughput: time from the
     // first event read.
-    while health.metrics.events_in.get() == 0 {
-        std::thread::park_timeout(Duration::from_millis(1));
-    }
+    worker.await_first_event();
     let counting = Instant::now();
     let process_before = process_cpu();
     let checkpoints_before = checkpoints_taken(&health);
@@ -182,8 +146,7 @@ windows:
     let process = process_cpu()
         .zip(process_before)
         .map(|(after, before)| after.saturating_sub(before));
-    stop.store(true, Ordering::SeqCst);
-    let (mut worker, times) = thread.join().expect("worker thread");
+    let (mut worker, times) = worker.stop();
     let checkpoint_started = Instant::now();
     worker.checkpoint().expect("checkpoint");
     let checkpoint = checkpoint_started.elapsed();

@@ -15,7 +15,7 @@ use topk_runtime::input::InputConsumer;
 use topk_testenv::{TestEnv, reading_consumer};
 
 #[path = "../../../engine/benches/support/mod.rs"]
-mod support;
+pub mod support;
 
 /// A count from the environment variable `var`, or `default`.
 pub fn count_from_env(var: &str, default: u64) -> u64 {
