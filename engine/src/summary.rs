@@ -8,6 +8,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::trend::{Score, TrendScore};
@@ -145,9 +146,11 @@ pub fn merge_known(
     let Some(first) = summaries.first() else {
         return Vec::new();
     };
-    let mut per_scope: BTreeMap<&str, BTreeMap<&str, (u64, Option<u64>)>> = known
+    // A hash map per scope: the union is as large as every shard's list together, and an
+    // ordered map made the merge grow as n log n with shards, scopes and k (the scale bench).
+    let mut per_scope: BTreeMap<&str, FxHashMap<&str, (u64, Option<u64>)>> = known
         .iter()
-        .map(|scope| (scope.as_str(), BTreeMap::new()))
+        .map(|scope| (scope.as_str(), FxHashMap::default()))
         .collect();
     for summary in summaries {
         for scope in &summary.scopes {
