@@ -19,7 +19,97 @@ pub struct CountMinSketch {
     width: u32,
     depth: u32,
     total: u64,
-    cells: Vec<u64>,
+    cells: Cells,
+}
+
+/// A cell never exceeds the sketch's total (every update raises a cell by at most what it adds
+/// to the total), so while the total fits 32 bits the cells are stored in 32: a bucket's sketch
+/// then takes half the cache, which is where an approximate count spends its time (the zipf
+/// bench). A sketch widens for good before its total would pass `u32::MAX`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Cells {
+    Narrow(Vec<u32>),
+    Wide(Vec<u64>),
+}
+
+const NARROW_MAX: u64 = u32::MAX as u64;
+
+trait Cell: Copy {
+    fn get(self) -> u64;
+    /// Only called with a value the cell type holds (see [`Cells`]).
+    fn of(value: u64) -> Self;
+}
+
+impl Cell for u32 {
+    #[inline]
+    fn get(self) -> u64 {
+        u64::from(self)
+    }
+    #[inline]
+    fn of(value: u64) -> Self {
+        value as u32
+    }
+}
+
+impl Cell for u64 {
+    #[inline]
+    fn get(self) -> u64 {
+        self
+    }
+    #[inline]
+    fn of(value: u64) -> Self {
+        value
+    }
+}
+
+#[inline]
+fn cell_index(width: u32, row: u32, hash: u64) -> usize {
+    // Kirsch-Mitzenmacher double hashing, mapped onto the row by multiply-shift.
+    let h1 = hash as u32;
+    let h2 = ((hash >> 32) as u32) | 1;
+    let mixed = h1.wrapping_add(row.wrapping_mul(h2));
+    let col = (u64::from(mixed) * u64::from(width)) >> 32;
+    (row as usize) * (width as usize) + col as usize
+}
+
+/// Conservative update of the key with `hash` by `cost`; returns its new estimate.
+#[inline]
+fn add_conservative<C: Cell>(cells: &mut [C], width: u32, depth: u32, hash: u64, cost: u64) -> u64 {
+    let mut current = u64::MAX;
+    let mut idx = [0usize; 16];
+    let rows = depth.min(16);
+    for row in 0..rows {
+        let i = cell_index(width, row, hash);
+        idx[row as usize] = i;
+        current = current.min(cells[i].get());
+    }
+    let target = current.saturating_add(cost);
+    for &i in &idx[..rows as usize] {
+        if cells[i].get() < target {
+            cells[i] = C::of(target);
+        }
+    }
+    // Rows beyond 16 (delta below e^-16) take the plain update.
+    for row in rows..depth {
+        let i = cell_index(width, row, hash);
+        cells[i] = C::of(cells[i].get().saturating_add(cost));
+    }
+    target
+}
+
+#[inline]
+fn estimate_in<C: Cell>(cells: &[C], width: u32, depth: u32, hash: u64) -> u64 {
+    (0..depth)
+        .map(|row| cells[cell_index(width, row, hash)].get())
+        .min()
+        .unwrap_or(0)
+}
+
+/// `a[i] = op(a[i], b[i])` over every cell.
+fn combine<A: Cell, B: Cell>(a: &mut [A], b: &[B], op: impl Fn(u64, u64) -> u64) {
+    for (a, b) in a.iter_mut().zip(b) {
+        *a = A::of(op(a.get(), b.get()));
+    }
 }
 
 impl CountMinSketch {
@@ -30,7 +120,7 @@ impl CountMinSketch {
             width,
             depth,
             total: 0,
-            cells: vec![0; width as usize * depth as usize],
+            cells: Cells::Narrow(vec![0; width as usize * depth as usize]),
         }
     }
 
@@ -56,69 +146,62 @@ impl CountMinSketch {
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.cells.capacity() * 8
+        match &self.cells {
+            Cells::Narrow(c) => c.capacity() * 4,
+            Cells::Wide(c) => c.capacity() * 8,
+        }
     }
 
-    #[inline]
-    fn cell(&self, row: u32, hash: u64) -> usize {
-        // Kirsch-Mitzenmacher double hashing, mapped onto the row by multiply-shift.
-        let h1 = hash as u32;
-        let h2 = ((hash >> 32) as u32) | 1;
-        let mixed = h1.wrapping_add(row.wrapping_mul(h2));
-        let col = (u64::from(mixed) * u64::from(self.width)) >> 32;
-        (row as usize) * (self.width as usize) + col as usize
+    /// Raises the total to `total`, widening the cells first if it passes 32 bits.
+    fn grow_total(&mut self, total: u64) {
+        if total > NARROW_MAX
+            && let Cells::Narrow(cells) = &self.cells
+        {
+            self.cells = Cells::Wide(cells.iter().map(|c| u64::from(*c)).collect());
+        }
+        self.total = total;
     }
 
     /// Adds `cost` for the key with `hash` and returns the key's new estimate.
     #[inline]
     pub fn add(&mut self, hash: u64, cost: u64) -> u64 {
-        self.total = self.total.saturating_add(cost);
-        let mut current = u64::MAX;
-        let mut idx = [0usize; 16];
-        let rows = self.depth.min(16);
-        for row in 0..rows {
-            let i = self.cell(row, hash);
-            idx[row as usize] = i;
-            current = current.min(self.cells[i]);
+        self.grow_total(self.total.saturating_add(cost));
+        let (width, depth) = (self.width, self.depth);
+        match &mut self.cells {
+            Cells::Narrow(cells) => add_conservative(cells, width, depth, hash, cost),
+            Cells::Wide(cells) => add_conservative(cells, width, depth, hash, cost),
         }
-        let target = current.saturating_add(cost);
-        for &i in &idx[..rows as usize] {
-            if self.cells[i] < target {
-                self.cells[i] = target;
-            }
-        }
-        // Rows beyond 16 (delta below e^-16) take the plain update.
-        for row in rows..self.depth {
-            let i = self.cell(row, hash);
-            self.cells[i] = self.cells[i].saturating_add(cost);
-        }
-        target
     }
 
     /// Estimated count of the key with `hash`; never below the true count.
     #[inline]
     pub fn estimate(&self, hash: u64) -> u64 {
-        (0..self.depth)
-            .map(|row| self.cells[self.cell(row, hash)])
-            .min()
-            .unwrap_or(0)
+        match &self.cells {
+            Cells::Narrow(cells) => estimate_in(cells, self.width, self.depth, hash),
+            Cells::Wide(cells) => estimate_in(cells, self.width, self.depth, hash),
+        }
     }
 
     /// Adds another sketch of the same shape cell by cell.
     pub fn merge_from(&mut self, other: &CountMinSketch) {
         debug_assert_eq!((self.width, self.depth), (other.width, other.depth));
-        self.total = self.total.saturating_add(other.total);
-        for (a, b) in self.cells.iter_mut().zip(&other.cells) {
-            *a = a.saturating_add(*b);
-        }
+        self.grow_total(self.total.saturating_add(other.total));
+        self.combine(other, u64::saturating_add);
     }
 
     /// Removes a sketch previously merged in (a bucket leaving the window).
     pub fn subtract(&mut self, other: &CountMinSketch) {
         debug_assert_eq!((self.width, self.depth), (other.width, other.depth));
         self.total = self.total.saturating_sub(other.total);
-        for (a, b) in self.cells.iter_mut().zip(&other.cells) {
-            *a = a.saturating_sub(*b);
+        self.combine(other, u64::saturating_sub);
+    }
+
+    fn combine(&mut self, other: &CountMinSketch, op: impl Fn(u64, u64) -> u64) {
+        match (&mut self.cells, &other.cells) {
+            (Cells::Narrow(a), Cells::Narrow(b)) => combine(a, b, op),
+            (Cells::Narrow(a), Cells::Wide(b)) => combine(a, b, op),
+            (Cells::Wide(a), Cells::Narrow(b)) => combine(a, b, op),
+            (Cells::Wide(a), Cells::Wide(b)) => combine(a, b, op),
         }
     }
 
@@ -127,26 +210,38 @@ impl CountMinSketch {
             width: self.width,
             depth: self.depth,
             total: self.total,
-            cells: self.cells.clone(),
+            cells: match &self.cells {
+                Cells::Narrow(c) => c.iter().map(|c| u64::from(*c)).collect(),
+                Cells::Wide(c) => c.clone(),
+            },
         }
     }
 
     /// Rebuilds a sketch of shape `width` x `depth` from stored cells; None if they differ.
+    /// Stored cells above the total (a sketch no update made) stay wide.
     pub fn from_cells(s: &SketchCells, width: u32, depth: u32) -> Option<Self> {
         let fits = s.width == width
             && s.depth == depth
             && s.cells.len() == width as usize * depth as usize;
+        let narrow = s.total <= NARROW_MAX && s.cells.iter().all(|c| *c <= s.total);
         fits.then(|| Self {
             width,
             depth,
             total: s.total,
-            cells: s.cells.clone(),
+            cells: if narrow {
+                Cells::Narrow(s.cells.iter().map(|c| *c as u32).collect())
+            } else {
+                Cells::Wide(s.cells.clone())
+            },
         })
     }
 
     pub fn clear(&mut self) {
         self.total = 0;
-        self.cells.fill(0);
+        match &mut self.cells {
+            Cells::Narrow(c) => c.fill(0),
+            Cells::Wide(c) => self.cells = Cells::Narrow(vec![0; c.len()]),
+        }
     }
 
     /// Over-count bound for this sketch's current total: `ceil(e / width * total)`.
@@ -187,5 +282,36 @@ mod tests {
         window.subtract(&bucket);
         assert_eq!(window.total(), 0);
         assert_eq!(window.estimate(key_hash(0, "k1")), 0);
+    }
+
+    #[test]
+    fn cells_widen_before_the_total_passes_32_bits_and_keep_every_count() {
+        let (a, b) = (key_hash(0, "a"), key_hash(0, "b"));
+        let mut bucket = CountMinSketch::new(16, 3);
+        bucket.add(a, NARROW_MAX - 1);
+        assert!(matches!(bucket.cells, Cells::Narrow(_)));
+        assert_eq!(bucket.heap_bytes(), 16 * 3 * 4);
+        bucket.add(a, 5);
+        bucket.add(b, 7);
+        assert!(matches!(bucket.cells, Cells::Wide(_)));
+        assert!(bucket.estimate(a) >= NARROW_MAX + 4);
+        assert!(bucket.estimate(b) >= 7);
+        // A narrow window takes a wide bucket and gives it back.
+        let mut window = CountMinSketch::new(16, 3);
+        window.add(b, 1);
+        window.merge_from(&bucket);
+        assert!(window.estimate(a) >= NARROW_MAX + 4);
+        window.subtract(&bucket);
+        assert_eq!(window.total(), 1);
+        assert!(window.estimate(b) >= 1);
+        // Snapshots keep 64-bit cells and come back narrow when they fit.
+        let restored = CountMinSketch::from_cells(&bucket.to_cells(), 16, 3);
+        assert_eq!(restored.as_ref(), Some(&bucket));
+        bucket.clear();
+        assert!(matches!(bucket.cells, Cells::Narrow(_)));
+        let mut small = CountMinSketch::new(16, 3);
+        small.add(a, 3);
+        let restored = CountMinSketch::from_cells(&small.to_cells(), 16, 3);
+        assert_eq!(restored, Some(small));
     }
 }
