@@ -8,7 +8,8 @@
 //!
 //! `cargo bench-dev -p topk-reducer --bench freshness` (after `./scripts/testenv.sh up`).
 //! `FRESHNESS_BENCH_RATE` sets the input rate (default 400,000 events/s, 4 partitions),
-//! `FRESHNESS_BENCH_SECONDS` its length (default 60: one window end per second).
+//! `FRESHNESS_BENCH_SECONDS` its length (default 60: one window end per second),
+//! `FRESHNESS_BENCH_CHECKPOINT_SECONDS` the worker's checkpoint interval (default 5, as deployed).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,7 +64,10 @@ windows:
   - {{name: {WINDOW}, length: 1m, bucket: 1s}}
 "#
     );
-    let worker = BenchWorker::start(&env, &name, &input, &spec, SHARDS, Duration::from_secs(5));
+    // The deployed default, 5 s.
+    let checkpoint_every =
+        Duration::from_secs(count_from_env("FRESHNESS_BENCH_CHECKPOINT_SECONDS", 5));
+    let worker = BenchWorker::start(&env, &name, &input, &spec, SHARDS, checkpoint_every);
 
     // The reducer, with the settings `topk reducer` derives from the same config.
     let config = worker.config.clone();
@@ -129,12 +133,17 @@ windows:
     delays.sort_unstable();
     // What a reader sees: the list of an end served this long after the end plus the allowed
     // lateness (events are stamped with the clock, so this adds how far the workers trail).
-    let mut behind_clock: Vec<i64> = served
+    let by_end: Vec<(i64, i64)> = served
         .iter()
         .filter(|(end, _)| sent.get(end).is_some_and(|s| s.len() == SHARDS as usize))
-        .map(|(end, served_ms)| served_ms - end - LATENESS_MS)
+        .map(|(end, served_ms)| (*end, served_ms - end - LATENESS_MS))
         .collect();
+    let mut behind_clock: Vec<i64> = by_end.iter().map(|(_, behind)| *behind).collect();
     behind_clock.sort_unstable();
+    // The slowest ends, seconds from the first: periodic stalls show as a pattern.
+    let first_end = by_end.first().map_or(0, |(end, _)| *end);
+    let mut slowest = by_end.clone();
+    slowest.sort_unstable_by_key(|(_, behind)| std::cmp::Reverse(*behind));
     assert!(
         delays.len() as u64 >= seconds / 2,
         "only {} window ends were both summarised by every shard and served ({} summarised, \
@@ -171,7 +180,13 @@ windows:
             v[v.len() - 1]
         );
     }
+    let slowest: Vec<String> = slowest
+        .iter()
+        .take(5)
+        .map(|(end, behind)| format!("+{} s: {behind} ms", (end - first_end) / 1000))
+        .collect();
     println!();
+    println!("slowest ends behind the clock: {}", slowest.join(", "));
     for line in metrics
         .lines()
         .filter(|l| l.starts_with("topk_reducer_publication_delay_seconds_"))
