@@ -36,7 +36,7 @@ mod bench_worker;
 mod kafka_bench;
 
 use bench_worker::{BenchWorker, one_owner};
-use kafka_bench::{count_from_env, now_ms};
+use kafka_bench::{count_from_env, now_ms, send_waiting};
 
 const SHARDS: u32 = 4;
 const KEYS: u64 = 100_000;
@@ -224,19 +224,13 @@ fn produce_paced(env: &TestEnv, topic: &str, rate: u64, length: Duration) -> u64
                 r#"{{"event_time":{now},"metric":"bench","scope":"{scope}","key":"{key}"}}"#
             );
             let mkey = message_key("bench", scope, &key);
-            let mut record = BaseRecord::to(topic)
-                .key(&mkey)
-                .payload(&payload)
-                .timestamp(now);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        record = back;
-                        producer.poll(Duration::from_millis(1));
-                    }
-                }
-            }
+            send_waiting(
+                &producer,
+                BaseRecord::to(topic)
+                    .key(&mkey)
+                    .payload(&payload)
+                    .timestamp(now),
+            );
             sent += 1;
         }
         std::thread::sleep(Duration::from_millis(1));

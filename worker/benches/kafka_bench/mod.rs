@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
+use rdkafka::message::ToBytes;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use topk_engine::partition::message_key;
@@ -55,22 +56,30 @@ pub fn produce(env: &TestEnv, topic: &str, events: u64, start_ms: i64, with_ids:
         seq += 1;
         bytes += payload.len();
         let mkey = message_key("bench", scope, key);
-        let mut record = BaseRecord::to(topic)
-            .key(&mkey)
-            .payload(&payload)
-            .timestamp(time_ms);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-            }
-        }
+        send_waiting(
+            &producer,
+            BaseRecord::to(topic)
+                .key(&mkey)
+                .payload(&payload)
+                .timestamp(time_ms),
+        );
     });
     producer.flush(Duration::from_secs(120)).expect("flush");
     bytes
+}
+
+/// Sends `record`, waiting for room in the producer's queue while it is full.
+pub fn send_waiting<K, P>(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    mut record: BaseRecord<'_, K, P>,
+) where
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+{
+    while let Err((_, back)) = producer.send(record) {
+        record = back;
+        producer.poll(Duration::from_millis(1));
+    }
 }
 
 /// How a bare consumer reads.
