@@ -364,8 +364,13 @@ impl Reducer {
                     match serde_json::from_slice::<RegionSummary>(payload) {
                         Ok(summary) => {
                             if let Some(regions) = self.regions.as_mut() {
-                                let outcome = regions.offer(summary, offset, now_ms());
+                                let sent_ms = msg.timestamp().to_millis();
+                                let outcome = regions.offer(summary, offset, sent_ms, now_ms());
                                 self.shared.metrics.outcome(outcome);
+                                // The last region's summary of an end: publish now.
+                                if outcome == Outcome::Accepted && regions.has_complete_end() {
+                                    since_housekeeping = HOUSEKEEPING_EVERY;
+                                }
                             }
                         }
                         Err(err) => {

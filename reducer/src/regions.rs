@@ -39,6 +39,8 @@ struct Reported {
     summary: RegionSummary,
     /// Its offset in the summaries topic: where a restart must read from again.
     record_offset: i64,
+    /// Its record's timestamp: when the region published it.
+    sent_ms: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +69,9 @@ pub struct RegionsState {
     windows: Vec<RegionWindow>,
     deny: BTreeSet<String>,
     dropped: u64,
+    /// An offer made some window end complete (every region in) since
+    /// [`Self::publish_ready`] last ran.
+    end_completed: bool,
 }
 
 impl RegionsState {
@@ -84,6 +89,7 @@ impl RegionsState {
             windows,
             deny: BTreeSet::new(),
             dropped: 0,
+            end_completed: false,
         }
     }
 
@@ -104,7 +110,15 @@ impl RegionsState {
     }
 
     /// Considers one region summary, read at `now_ms` from `record_offset`.
-    pub fn offer(&mut self, summary: RegionSummary, record_offset: i64, now_ms: i64) -> Outcome {
+    /// Considers one region summary; `record_offset` is its offset in the summaries topic,
+    /// `sent_ms` its record's timestamp.
+    pub fn offer(
+        &mut self,
+        summary: RegionSummary,
+        record_offset: i64,
+        sent_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Outcome {
         if summary.metric != self.cfg.metric {
             return Outcome::OtherMetric;
         }
@@ -163,8 +177,10 @@ impl RegionsState {
             Reported {
                 summary,
                 record_offset,
+                sent_ms,
             },
         );
+        self.end_completed |= pending.by_region.len() == self.cfg.regions.len();
         if window.pending.len() > MAX_PENDING_ENDS {
             window.pending.pop_first();
             self.dropped += 1;
@@ -172,9 +188,16 @@ impl RegionsState {
         Outcome::Accepted
     }
 
+    /// Whether some window end has been reported by every region: [`Self::publish_ready`]
+    /// would publish it without waiting.
+    pub fn has_complete_end(&self) -> bool {
+        self.end_completed
+    }
+
     /// Per window, the newest end that every region reported or that waited long enough, with
     /// the regions it covers; forgets every pending end up to it.
     pub fn publish_ready(&mut self, now_ms: i64) -> Vec<Publication> {
+        self.end_completed = false;
         let regions = self.cfg.regions.len();
         let mut out = Vec::new();
         for (w, window) in self.windows.iter_mut().enumerate() {
@@ -279,7 +302,7 @@ fn merged(
                 .map(|(_, name)| name.clone())
                 .collect(),
         }),
-        summaries_sent_ms: None,
+        summaries_sent_ms: by_region.values().filter_map(|r| r.sent_ms).max(),
     }
 }
 
@@ -435,13 +458,21 @@ mod tests {
         let mut state = RegionsState::new(cfg(), &[None]);
         let end = 10 * MINUTE;
         let eu = summary("eu", 1, end, &[("a", 5), ("b", 2)]);
-        assert_eq!(state.offer(eu.clone(), 0, 0), Outcome::Accepted);
-        assert_eq!(state.offer(eu, 1, 0), Outcome::Duplicate);
+        assert_eq!(
+            state.offer(eu.clone(), 0, Some(600_100), 0),
+            Outcome::Accepted
+        );
+        assert_eq!(state.offer(eu, 1, Some(600_300), 0), Outcome::Duplicate);
+        assert!(!state.has_complete_end());
         assert!(state.publish_ready(1).is_empty(), "us has not reported");
         let us = summary("us", 1, end, &[("b", 4), ("c", 1)]);
-        assert_eq!(state.offer(us, 2, 1), Outcome::Accepted);
+        assert_eq!(state.offer(us, 2, Some(600_200), 1), Outcome::Accepted);
+        assert!(state.has_complete_end());
         let published = state.publish_ready(2);
+        assert!(!state.has_complete_end());
         assert_eq!(published.len(), 1);
+        // The publication delay is counted from the last region's summary.
+        assert_eq!(published[0].summaries_sent_ms, Some(600_200));
         assert_eq!(
             listed(&published[0]),
             [("b".into(), 6), ("a".into(), 5), ("c".into(), 1)]
@@ -456,7 +487,7 @@ mod tests {
     fn a_silent_region_is_named_missing_after_the_wait_and_back_at_the_next_end() {
         let mut state = RegionsState::new(cfg(), &[None]);
         let end = 10 * MINUTE;
-        state.offer(summary("eu", 1, end, &[("a", 5)]), 0, 1_000);
+        state.offer(summary("eu", 1, end, &[("a", 5)]), 0, None, 1_000);
         assert!(state.publish_ready(10_999).is_empty(), "still waiting");
         let published = state.publish_ready(11_000);
         let coverage = published[0].regions.as_ref().expect("coverage");
@@ -469,10 +500,13 @@ mod tests {
         );
         // us catches up with the published end: too late for it.
         let late = summary("us", 1, end, &[("a", 1)]);
-        assert_eq!(state.offer(late, 1, 12_000), Outcome::AlreadyPublished);
+        assert_eq!(
+            state.offer(late, 1, None, 12_000),
+            Outcome::AlreadyPublished
+        );
         let next = end + MINUTE;
-        state.offer(summary("us", 1, next, &[("a", 1)]), 2, 13_000);
-        state.offer(summary("eu", 1, next, &[("a", 6)]), 3, 13_000);
+        state.offer(summary("us", 1, next, &[("a", 1)]), 2, None, 13_000);
+        state.offer(summary("eu", 1, next, &[("a", 6)]), 3, None, 13_000);
         let published = state.publish_ready(13_000);
         assert!(published[0].regions.as_ref().is_some_and(|c| c.complete()));
         assert_eq!(listed(&published[0]), [("a".into(), 7)]);
@@ -482,16 +516,16 @@ mod tests {
     fn a_newer_region_epoch_fences_off_the_old_deployment() {
         let mut state = RegionsState::new(cfg(), &[None]);
         let end = 10 * MINUTE;
-        state.offer(summary("eu", 1, end, &[("old", 9)]), 0, 0);
+        state.offer(summary("eu", 1, end, &[("old", 9)]), 0, None, 0);
         assert_eq!(
-            state.offer(summary("eu", 2, end, &[("new", 1)]), 1, 0),
+            state.offer(summary("eu", 2, end, &[("new", 1)]), 1, None, 0),
             Outcome::Accepted
         );
         assert_eq!(
-            state.offer(summary("eu", 1, end, &[("old", 9)]), 2, 0),
+            state.offer(summary("eu", 1, end, &[("old", 9)]), 2, None, 0),
             Outcome::StaleEpoch
         );
-        state.offer(summary("us", 1, end, &[]), 3, 0);
+        state.offer(summary("us", 1, end, &[]), 3, None, 0);
         assert_eq!(listed(&state.publish_ready(0)[0]), [("new".into(), 1)]);
     }
 
@@ -500,15 +534,15 @@ mod tests {
         let mut state = RegionsState::new(cfg(), &[None]);
         let mut other = summary("eu", 1, MINUTE * 10, &[]);
         other.metric = "bytes".into();
-        assert_eq!(state.offer(other, 0, 0), Outcome::OtherMetric);
+        assert_eq!(state.offer(other, 0, None, 0), Outcome::OtherMetric);
         let unknown = summary("ap", 1, MINUTE * 10, &[]);
-        assert_eq!(state.offer(unknown, 0, 0), Outcome::UnknownRegion);
+        assert_eq!(state.offer(unknown, 0, None, 0), Outcome::UnknownRegion);
         let mut longer = summary("eu", 1, MINUTE * 10, &[]);
         longer.window_start_ms = Some(0);
-        assert_eq!(state.offer(longer, 0, 0), Outcome::OtherConfig);
+        assert_eq!(state.offer(longer, 0, None, 0), Outcome::OtherConfig);
         let mut all_time = summary("eu", 1, MINUTE * 10, &[]);
         all_time.window_start_ms = None;
-        assert_eq!(state.offer(all_time, 0, 0), Outcome::OtherConfig);
+        assert_eq!(state.offer(all_time, 0, None, 0), Outcome::OtherConfig);
         assert_eq!(state.resume_offset(7), 7);
     }
 

@@ -217,6 +217,8 @@ pub struct ReducerState {
     hour_window: Option<usize>,
     /// Clock hours completed since [`Self::take_hours`] last ran.
     completed_hours: Vec<StreamingHour>,
+    /// An offer made some window end complete since [`Self::publish_ready`] last ran.
+    end_completed: bool,
 }
 
 impl ReducerState {
@@ -243,6 +245,7 @@ impl ReducerState {
             dropped: 0,
             hour_window,
             completed_hours: Vec::new(),
+            end_completed: false,
         }
     }
 
@@ -351,6 +354,7 @@ impl ReducerState {
         if window.published_end.is_some_and(|p| end <= p) {
             return Outcome::AlreadyPublished;
         }
+        let shard_count = self.cfg.shards as usize;
         let shards = window.pending.entry(end).or_default();
         let shard = summary.shard;
         match shards.get_mut(&shard) {
@@ -383,6 +387,7 @@ impl ReducerState {
                 );
             }
         }
+        self.end_completed |= complete_shards(shards) == shard_count;
         if window.pending.len() > MAX_PENDING_ENDS {
             window.pending.pop_first();
             self.dropped += 1;
@@ -391,18 +396,16 @@ impl ReducerState {
     }
 
     /// Whether some window has an end every shard has reported in full: [`Self::publish_ready`]
-    /// would publish it.
+    /// would publish it. Only the end each summary lands on is looked at, as it lands (after
+    /// a publication none is left complete).
     pub fn has_complete_end(&self) -> bool {
-        let shards = self.cfg.shards as usize;
-        self.windows
-            .iter()
-            .flat_map(|w| w.pending.values())
-            .any(|by_shard| complete_shards(by_shard) == shards)
+        self.end_completed
     }
 
     /// Merges and returns, per window, the newest end every shard has reported, and forgets
     /// every pending end up to it.
     pub fn publish_ready(&mut self) -> Vec<Publication> {
+        self.end_completed = false;
         let shards = self.cfg.shards as usize;
         let mut out = Vec::new();
         let inherited = self.inherited_scopes();

@@ -293,4 +293,12 @@ fn a_global_metric_adds_up_its_regions_and_names_a_missing_one() {
         text.contains("topk_reducer_summaries_total{outcome=\"already_published\"} 1"),
         "us's late minute is refused as already published:\n{text}"
     );
+    // Each global list's delay, from the newest region summary it holds (their record
+    // timestamps) to the list served: the partial one waited for us, under 32 s all the same.
+    for sample in [
+        "topk_reducer_publication_delay_seconds_count{window=\"1m\"} 3",
+        "topk_reducer_publication_delay_seconds_bucket{le=\"32.768\",window=\"1m\"} 3",
+    ] {
+        assert!(text.contains(sample), "{sample}:\n{text}");
+    }
 }
