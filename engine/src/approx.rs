@@ -14,6 +14,7 @@ use crate::snapshot::{ApproxBucket as SnapBucket, WindowSnapshot};
 use crate::summary::{rank_order, top_k};
 use crate::window::{BucketFinder, Span};
 
+#[derive(Clone)]
 struct ApproxBucket {
     idx: i64,
     sketch: CountMinSketch,
@@ -24,6 +25,7 @@ struct ApproxBucket {
 /// A re-scored candidate: (hash, key, window estimate).
 pub(crate) type Scored = (u64, String, u64);
 
+#[derive(Clone)]
 pub(crate) struct ApproxWindow {
     bucket_ms: i64,
     bucket_finder: BucketFinder,

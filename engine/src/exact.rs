@@ -14,6 +14,7 @@ use crate::config::WindowConfig;
 use crate::keys::{KeyTable, NewestSlot};
 use crate::window::{BucketFinder, Span};
 
+#[derive(Clone)]
 struct OpenBucket {
     idx: i64,
     entries: Vec<(u32, u64)>,
@@ -22,12 +23,14 @@ struct OpenBucket {
     index: Option<FxHashMap<u32, u32>>,
 }
 
+#[derive(Clone)]
 struct ClosedBucket {
     idx: i64,
     total: u64,
     counts: Vec<(u32, u64)>,
 }
 
+#[derive(Clone)]
 pub(crate) struct ExactWindow {
     bucket_ms: i64,
     bucket_finder: BucketFinder,

@@ -28,7 +28,7 @@ pub fn scope_seed(scope: &str) -> u64 {
 
 /// Scope names and ids. An expired scope's id goes on a free list and is reused, so ids stay
 /// below the number of scopes held at once; a reused id's seed follows its new name.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct ScopeTable {
     ids: FxHashMap<Box<str>, u32>,
     names: Vec<Box<str>>,
@@ -200,6 +200,7 @@ const RECORD_WINDOWS: usize = 2;
 /// index holds only ids, so a lookup reads a small table that stays in cache and then this
 /// line, instead of a wide table entry and then a separate line of counts.
 #[repr(C, align(64))]
+#[derive(Clone)]
 struct KeyRecord {
     scope: u32,
     /// Buckets and window totals holding the key; it is freed when none does.
@@ -221,6 +222,7 @@ const FREE_RECORD: KeyRecord = KeyRecord {
     newest: [NO_SLOT; RECORD_WINDOWS],
 };
 
+#[derive(Clone)]
 pub(crate) struct KeyTable {
     /// Ids by key hash; an id's record says which key it is.
     index: HashTable<u32>,

@@ -14,6 +14,7 @@ use crate::summary::{KeyCount, PointCount, ScopeItems, ShardSummary, rank_order,
 use crate::trend::{TRENDING, Trend};
 use crate::window::Span;
 
+#[derive(Clone)]
 enum State {
     Exact {
         keys: KeyTable,
@@ -24,6 +25,7 @@ enum State {
     },
 }
 
+#[derive(Clone)]
 pub struct ShardCounter {
     metric: String,
     shard: u32,

@@ -22,6 +22,7 @@ use crate::window::closed_boundary;
 /// Most summaries one window publishes when the watermark jumps over many boundaries at once.
 pub const MAX_CATCH_UP: i64 = 360;
 
+#[derive(Clone)]
 pub struct ShardStream {
     cfg: EngineConfig,
     counter: ShardCounter,

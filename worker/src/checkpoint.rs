@@ -1,12 +1,16 @@
 //! Shard checkpoints in RocksDB: a shard's counting state and the input offset it reflects,
 //! stored under one key in one write, so a restart never sees one without the other. A
 //! checkpoint is written synchronously (fsync'd WAL) before the offset it names is trusted.
+//!
+//! The counting thread only copies its shards' state ([`ShardCopy`], a few milliseconds); the
+//! snapshot by name, its encoding and the write, which grow with the state, are done from
+//! that copy on another thread.
 
 use std::path::{Path, PathBuf};
 
 use rocksdb::{DB, Options, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
-use topk_engine::stream::{StreamSnapshot, StreamSnapshotWithoutIds};
+use topk_engine::stream::{ShardStream, StreamSnapshot, StreamSnapshotWithoutIds};
 use topk_runtime::store::open_rebuildable;
 
 use crate::error::Error;
@@ -27,6 +31,30 @@ pub struct Checkpoint {
     /// a topic deleted and created again under the same name has another, so its offsets are
     /// never taken for the old ones.
     pub input_topic_id: Option<String>,
+}
+
+/// A shard as the counting thread copied it for a checkpoint: its stream as it is, without the
+/// work of naming keys and scopes, which [`Self::checkpoint`] does elsewhere.
+pub struct ShardCopy {
+    pub shard: u32,
+    pub epoch: u64,
+    pub next_offset: i64,
+    pub stream: ShardStream,
+    pub outbox: Vec<Vec<u8>>,
+    pub input_topic_id: Option<String>,
+}
+
+impl ShardCopy {
+    pub fn checkpoint(self) -> Checkpoint {
+        Checkpoint {
+            shard: self.shard,
+            epoch: self.epoch,
+            next_offset: self.next_offset,
+            stream: self.stream.snapshot(),
+            outbox: self.outbox,
+            input_topic_id: self.input_topic_id,
+        }
+    }
 }
 
 /// Leading byte of every stored value, so that a future layout is recognised.

@@ -75,6 +75,7 @@ pub struct WorkerMetrics {
     pub consumer_lag: Family<ShardLabel, Gauge>,
     pub watermark_lag_seconds: Family<ShardLabel, Gauge>,
     pub checkpoint_seconds: Histogram,
+    pub checkpoint_pause_seconds: Histogram,
     pub checkpoint_bytes: Gauge,
     pub checkpoint_failures: Counter,
     pub state_bytes: Gauge,
@@ -106,6 +107,7 @@ impl Default for WorkerMetrics {
             consumer_lag: Family::default(),
             watermark_lag_seconds: Family::default(),
             checkpoint_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            checkpoint_pause_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             checkpoint_bytes: Gauge::default(),
             checkpoint_failures: Counter::default(),
             state_bytes: Gauge::default(),
@@ -219,8 +221,13 @@ impl Default for WorkerMetrics {
         );
         registry.register(
             "checkpoint_duration_seconds",
-            "Time to flush output and write a checkpoint",
+            "Time from the start of a checkpoint (flushing output) to its state written, most of it on the checkpoint thread",
             m.checkpoint_seconds.clone(),
+        );
+        registry.register(
+            "checkpoint_pause_seconds",
+            "Time the counting thread stops for a checkpoint: flushing output and copying the state",
+            m.checkpoint_pause_seconds.clone(),
         );
         registry.register(
             "checkpoint_failures",

@@ -6,11 +6,14 @@
 //! it, written in one RocksDB write after every earlier output was acknowledged by the broker.
 //! A restart loads it and consumes from that offset, so every event is counted once; summaries
 //! re-sent after a crash carry the same (shard, epoch, seq) and are idempotent downstream.
+//! The counting thread pauses only to copy the state; a checkpoint thread names, encodes and
+//! writes it (one at a time), and publishes the periodic handoff snapshots from the same copy.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockWriteGuard};
@@ -26,7 +29,7 @@ use topk_engine::event::{Event, EventParser, RejectReason};
 use topk_engine::stream::ShardStream;
 use topk_engine::{EngineConfig, ShardSummary};
 
-use crate::checkpoint::{Checkpoint, CheckpointStore};
+use crate::checkpoint::{Checkpoint, CheckpointStore, ShardCopy};
 use crate::error::Error;
 use crate::handoff::{self, Published};
 use crate::metrics::{
@@ -95,11 +98,66 @@ pub struct Health {
     pub metrics: WorkerMetrics,
 }
 
-/// Where counting output goes: summaries and dead letters, through one producer.
+/// Where counting output goes: summaries and dead letters, through one producer (shared with
+/// the checkpoint thread, which sends the periodic handoff snapshots).
 struct Sink {
     settings: WorkerSettings,
-    producer: ThreadedProducer<DeliveryCounter>,
+    producer: Arc<ThreadedProducer<DeliveryCounter>>,
     health: Arc<Health>,
+}
+
+/// Asks the checkpoint thread to publish the state it writes to the handoff topic too.
+struct HandoffJob {
+    producer: Arc<ThreadedProducer<DeliveryCounter>>,
+    topic: String,
+    /// Per shard, the snapshot on the topic that the new one replaces.
+    replaces: BTreeMap<u32, Option<Published>>,
+}
+
+/// What the checkpoint thread did.
+struct Written {
+    checkpoints: Vec<Checkpoint>,
+    /// Bytes written, or why the store refused them.
+    saved: Result<usize, Error>,
+    /// The handoff snapshots published, by shard (none unless asked for).
+    published: Result<Vec<(u32, Published)>, Error>,
+}
+
+/// A checkpoint being written on its own thread; the store went with it and comes back.
+struct Writing {
+    thread: JoinHandle<(CheckpointStore, Written)>,
+    started: Instant,
+    /// Per shard, how many summaries of its outbox the checkpoint holds: they may be sent once
+    /// it is written.
+    outboxed: Vec<(u32, usize)>,
+}
+
+/// The checkpoint thread: names the copied state, writes it, and publishes it if asked.
+fn write_checkpoint(
+    mut store: CheckpointStore,
+    copies: Vec<ShardCopy>,
+    handoff: Option<HandoffJob>,
+) -> (CheckpointStore, Written) {
+    let checkpoints: Vec<Checkpoint> = copies.into_iter().map(ShardCopy::checkpoint).collect();
+    let saved = store.save(&checkpoints);
+    let published = handoff.map_or(Ok(Vec::new()), |job| {
+        checkpoints
+            .iter()
+            .map(|cp| {
+                let replaces = job.replaces.get(&cp.shard).and_then(Option::as_ref);
+                handoff::publish(&job.producer, &job.topic, cp, false, replaces)
+                    .map(|published| (cp.shard, published))
+            })
+            .collect()
+    });
+    (
+        store,
+        Written {
+            checkpoints,
+            saved,
+            published,
+        },
+    )
 }
 
 pub struct Worker {
@@ -108,7 +166,11 @@ pub struct Worker {
     snapshot_reader: BaseConsumer,
     input: InputConsumer,
     delivery: DeliveryCounter,
-    store: CheckpointStore,
+    /// `None` while a checkpoint is being written: the store is with it (see [`Writing`]).
+    store: Option<CheckpointStore>,
+    writing: Option<Writing>,
+    /// An idle advance made summaries that wait for a checkpoint: start one soon.
+    checkpoint_requested: bool,
     owned: BTreeMap<u32, Owned>,
     streams: Streams,
     table_version: Option<u64>,
@@ -467,13 +529,15 @@ impl Worker {
         Ok(Self {
             sink: Sink {
                 settings,
-                producer,
+                producer: Arc::new(producer),
                 health,
             },
             snapshot_reader,
             input,
             delivery,
-            store,
+            store: Some(store),
+            writing: None,
+            checkpoint_requested: false,
             owned: BTreeMap::new(),
             streams: Arc::default(),
             table_version: None,
@@ -566,12 +630,7 @@ impl Worker {
                 }
             }
             self.advance_idle_shards()?;
-            if self.last_checkpoint.elapsed() >= self.sink.settings.checkpoint_every {
-                self.checkpoint()?;
-            }
-            if self.last_snapshot.elapsed() >= self.sink.settings.snapshot_every {
-                self.publish_snapshots()?;
-            }
+            self.checkpoint_on_schedule()?;
         }
         self.sink.health.metrics.events_in.inc_by(read);
         self.checkpoint()?;
@@ -581,7 +640,8 @@ impl Worker {
 
     /// Moves the watermark of caught-up shards that saw no event for the idle timeout. What
     /// that publishes depends on the clock, so a replay would not repeat it: the new state and
-    /// its summaries are checkpointed together first, then sent (and re-sent after a crash).
+    /// its summaries are checkpointed together first (the next checkpoint, started at once
+    /// unless one is being written), then sent (and re-sent after a crash).
     fn advance_idle_shards(&mut self) -> Result<(), Error> {
         let idle = self.sink.settings.idle_timeout;
         let now = now_ms();
@@ -622,55 +682,159 @@ impl Worker {
                 owned.outbox.extend(bodies);
             }
         }
-        if moved {
-            self.checkpoint()?;
+        self.checkpoint_requested |= moved;
+        Ok(())
+    }
+
+    /// Writes a checkpoint of every owned shard now (after the one being written, if any)
+    /// and returns what it holds; `None` when postponed because the broker is away.
+    pub fn checkpoint(&mut self) -> Result<Option<Vec<Checkpoint>>, Error> {
+        self.finish_checkpoint(true)?;
+        if !self.begin_checkpoint(None)? {
+            return Ok(None);
+        }
+        self.finish_checkpoint(true)
+    }
+
+    /// Finishes a checkpoint whose write is done, and starts the next when one is due: its
+    /// interval passed, an idle advance made summaries, or a handoff snapshot is due (published
+    /// by the checkpoint thread from the same copy).
+    fn checkpoint_on_schedule(&mut self) -> Result<(), Error> {
+        self.finish_checkpoint(false)?;
+        if self.writing.is_some() {
+            return Ok(());
+        }
+        let settings = &self.sink.settings;
+        let handoff = self.last_snapshot.elapsed() >= settings.snapshot_every;
+        let due = self.checkpoint_requested
+            || self.last_checkpoint.elapsed() >= settings.checkpoint_every;
+        if !(handoff || due) {
+            return Ok(());
+        }
+        let job = handoff.then(|| HandoffJob {
+            producer: self.sink.producer.clone(),
+            topic: settings.topics.snapshots.clone(),
+            replaces: self
+                .owned
+                .iter()
+                .map(|(shard, o)| (*shard, o.published.clone()))
+                .collect(),
+        });
+        if self.begin_checkpoint(job)? && handoff {
+            self.last_snapshot = Instant::now();
         }
         Ok(())
     }
 
-    /// Sends the checkpointed idle summaries; the next checkpoint then forgets them.
-    fn send_outboxes(&mut self) -> Result<(), Error> {
-        for owned in self.owned.values_mut() {
-            self.sink.send_bodies(&owned.outbox)?;
-            owned.outbox.clear();
-        }
-        Ok(())
-    }
-
-    /// Waits for every output sent so far, then records each shard's state and next offset,
-    /// then sends the idle summaries that checkpoint holds. Postponed while the broker is away.
-    pub fn checkpoint(&mut self) -> Result<(), Error> {
+    /// Waits for every output sent so far, copies each shard's state and next offset, and
+    /// hands the copy to a checkpoint thread. Returns false (postponed) while the broker is
+    /// away. Only one checkpoint is written at a time.
+    fn begin_checkpoint(&mut self, handoff: Option<HandoffJob>) -> Result<bool, Error> {
         let started = Instant::now();
         if let Err(err) = self.sink.producer.flush(FLUSH_WAIT) {
             // The broker is away: keep counting and try again at the next interval. Records
             // it never takes are counted by the delivery callback, which stops the worker.
             tracing::warn!(%err, "output not acknowledged yet; checkpoint postponed");
-            return Ok(());
+            return Ok(false);
         }
         // Any undelivered record stops the worker; its restart re-sends from the checkpoint.
         let failed = self.delivery.failed();
         if failed > 0 {
             return Err(Error::Delivery(failed));
         }
-        let checkpoints = self.checkpoints();
+        let store = self.store.take().ok_or_else(|| {
+            Error::Store("the checkpoint store was lost with a failed checkpoint thread".into())
+        })?;
+        let copies = self.copies();
+        let outboxed = copies.iter().map(|c| (c.shard, c.outbox.len())).collect();
+        let thread = std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || write_checkpoint(store, copies, handoff))?;
+        self.writing = Some(Writing {
+            thread,
+            started,
+            outboxed,
+        });
+        self.checkpoint_requested = false;
+        self.last_checkpoint = Instant::now();
+        self.sink
+            .health
+            .metrics
+            .checkpoint_pause_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(true)
+    }
+
+    /// Takes back the store from a checkpoint thread that is done (or, with `wait`, waits for
+    /// it), then sends the idle summaries the checkpoint holds. Returns what it wrote.
+    fn finish_checkpoint(&mut self, wait: bool) -> Result<Option<Vec<Checkpoint>>, Error> {
+        let Some(writing) = self
+            .writing
+            .take_if(|writing| wait || writing.thread.is_finished())
+        else {
+            return Ok(None);
+        };
+        let (store, written) = writing
+            .thread
+            .join()
+            .map_err(|_| Error::Store("the checkpoint thread panicked".into()))?;
+        self.store = Some(store);
         let metrics = &self.sink.health.metrics;
-        let bytes = match self.store.save(&checkpoints) {
-            Ok(bytes) => bytes,
+        let saved = match written.saved {
+            Ok(bytes) => {
+                metrics
+                    .checkpoint_seconds
+                    .observe(writing.started.elapsed().as_secs_f64());
+                metrics.checkpoint_bytes.set(bytes as i64);
+                true
+            }
             Err(err @ Error::Store(_)) => {
                 // A full or failing volume: counting goes on in memory and the next interval
                 // tries again (on a reopened store). A crash before then replays from the last
                 // checkpoint written, which is as exact; idle summaries wait for a checkpoint.
                 metrics.checkpoint_failures.inc();
                 tracing::error!(%err, "checkpoint not written; counting on and retrying at the next interval");
-                self.last_checkpoint = Instant::now();
-                return Ok(());
+                false
             }
             Err(err) => return Err(err),
         };
-        metrics
-            .checkpoint_seconds
-            .observe(started.elapsed().as_secs_f64());
-        metrics.checkpoint_bytes.set(bytes as i64);
+        for (shard, published) in written.published? {
+            metrics.snapshots_published.inc();
+            if let Some(owned) = self.owned.get_mut(&shard) {
+                owned.published = Some(published);
+            }
+        }
+        if saved {
+            // Idle summaries are in the checkpoint just written: they may go out now; the
+            // next checkpoint forgets them.
+            for (shard, held) in writing.outboxed {
+                if let Some(owned) = self.owned.get_mut(&shard) {
+                    let held = held.min(owned.outbox.len());
+                    self.sink.send_bodies(&owned.outbox[..held])?;
+                    owned.outbox.drain(..held);
+                }
+            }
+        }
+        self.record_state();
+        if self.last_lag_check.elapsed() >= LAG_CHECK_EVERY {
+            self.measure_lag();
+            self.check_input_topic();
+        }
+        Ok(Some(written.checkpoints))
+    }
+
+    /// The checkpoint store, once the checkpoint being written (if any) is done.
+    fn store(&mut self) -> Result<&mut CheckpointStore, Error> {
+        self.finish_checkpoint(true)?;
+        self.store.as_mut().ok_or_else(|| {
+            Error::Store("the checkpoint store was lost with a failed checkpoint thread".into())
+        })
+    }
+
+    /// The state gauges (state bytes, scopes, remembered ids, watermark lag), as of a
+    /// checkpoint.
+    fn record_state(&mut self) {
+        let metrics = &self.sink.health.metrics;
         let (mut state, mut scopes, mut ids) = (0, 0, 0);
         let now = now_ms();
         let streams = self.streams.read();
@@ -697,15 +861,6 @@ impl Worker {
         metrics.state_bytes.set(state as i64);
         metrics.scopes.set(scopes as i64);
         metrics.dedupe_ids.set(ids as i64);
-        drop(streams);
-        self.last_checkpoint = Instant::now();
-        // Idle summaries are in the checkpoint just written: they may go out now.
-        self.send_outboxes()?;
-        if self.last_lag_check.elapsed() >= LAG_CHECK_EVERY {
-            self.measure_lag();
-            self.check_input_topic();
-        }
-        Ok(())
     }
 
     /// The consumer's position per input partition. Past the last message counted, a
@@ -808,37 +963,23 @@ impl Worker {
         }
     }
 
-    /// What a checkpoint of every owned shard holds; point counts are answered meanwhile.
-    fn checkpoints(&self) -> Vec<Checkpoint> {
+    /// Every owned shard's state as it is, for a checkpoint; point counts are answered
+    /// meanwhile.
+    fn copies(&self) -> Vec<ShardCopy> {
         let streams = self.streams.read();
         self.owned
             .iter()
             .filter_map(|(shard, o)| {
-                Some(Checkpoint {
+                Some(ShardCopy {
                     shard: *shard,
                     epoch: o.epoch,
                     next_offset: o.next_offset,
-                    stream: streams.get(shard)?.snapshot(),
+                    stream: streams.get(shard)?.clone(),
                     outbox: o.outbox.clone(),
                     input_topic_id: o.input_topic_id.clone(),
                 })
             })
             .collect()
-    }
-
-    fn publish_snapshots(&mut self) -> Result<(), Error> {
-        self.checkpoint()?;
-        for cp in self.checkpoints() {
-            let Some(owned) = self.owned.get_mut(&cp.shard) else {
-                continue;
-            };
-            let published = self
-                .sink
-                .publish_snapshot(&cp, false, owned.published.as_ref())?;
-            owned.published = Some(published);
-        }
-        self.last_snapshot = Instant::now();
-        Ok(())
     }
 
     /// Applies an assignment table: releases shards no longer ours (checkpoint, snapshot to
@@ -867,8 +1008,16 @@ impl Worker {
             .map(|(shard, _)| *shard)
             .collect();
         if !released.is_empty() {
-            self.checkpoint()?;
-            for cp in self.checkpoints() {
+            // The released state, written locally if the broker is up, else as it is now.
+            let checkpoints = match self.checkpoint()? {
+                Some(checkpoints) => checkpoints,
+                None => self
+                    .copies()
+                    .into_iter()
+                    .map(ShardCopy::checkpoint)
+                    .collect(),
+            };
+            for cp in checkpoints {
                 if released.contains(&cp.shard) {
                     let replaces = self.owned.get(&cp.shard).and_then(|o| o.published.as_ref());
                     self.sink.publish_snapshot(&cp, true, replaces)?;
@@ -878,7 +1027,7 @@ impl Worker {
                 self.owned.remove(shard);
                 self.streams.write().remove(shard);
                 // Left behind, it is older than any state the shard comes back with.
-                if let Err(err) = self.store.remove(*shard) {
+                if let Err(err) = self.store().and_then(|store| store.remove(*shard)) {
                     tracing::warn!(shard, %err, "cannot forget the released shard's checkpoint");
                 }
                 tracing::info!(shard, "released");
@@ -894,14 +1043,15 @@ impl Worker {
             self.sink.health.ready.store(false, Ordering::SeqCst);
         }
         for (shard, epoch) in gained {
-            let (owned, stream) = self.restore(shard, epoch)?;
+            let (mut owned, stream) = self.restore(shard, epoch)?;
             tracing::info!(shard, epoch, next_offset = owned.next_offset, "acquired");
+            // Idle summaries a crash kept from being sent go out now (the same records again).
+            self.sink.send_bodies(&owned.outbox)?;
+            owned.outbox.clear();
             self.owned.insert(shard, owned);
             self.streams.write().insert(shard, stream);
         }
         self.assign_owned()?;
-        // Idle summaries a crash kept from being sent go out now (the same records again).
-        self.send_outboxes()?;
         self.sink
             .health
             .metrics
@@ -1050,7 +1200,8 @@ impl Worker {
     fn restore(&mut self, shard: u32, epoch: u64) -> Result<(Owned, ShardStream), Error> {
         // Why a saved state was not used, if one was found but refused.
         let mut unusable = None;
-        let local = match self.store.load(shard) {
+        let loaded = self.store()?.load(shard);
+        let local = match loaded {
             Err(Error::Decode(err)) => {
                 unusable = Some(format!("local checkpoint unreadable: {err}"));
                 // Rebuilt like a lost one: from the handoff snapshot, else the input.
