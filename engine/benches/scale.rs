@@ -1,8 +1,8 @@
 //! How the cost grows with shards, scopes, distinct keys and k, one dimension at a time from a
 //! baseline (8 shards, 100 scopes, 1M keys, k = 100), on one core without Kafka: the counting
 //! thread's work (every shard's stream: count, close buckets, make summaries at boundaries),
-//! each shard's state, the bytes of a shard's summary, and the reducer's merge of every
-//! shard's summary of one window end.
+//! each shard's state, the bytes of a shard's summary, and the reducer's decoding (JSON) and
+//! merge of every shard's summary of one window end.
 //!
 //! `cargo bench -p topk-engine --bench scale` (`SCALE_ONLY=shards|scopes|keys|k` runs one
 //! dimension; `SCALE_EVENTS` sets the events per row, default the larger of 4M and twice the
@@ -49,6 +49,9 @@ struct Row {
     summary_bytes: f64,
     /// The merge of every shard's last summary into the lists of that end (median of 5).
     merge_ms: f64,
+    /// Decoding every shard's summary of that end from JSON, as the reducer reads them off
+    /// the summaries topic (median of 5).
+    decode_ms: f64,
 }
 
 fn run(shape: Shape, events: usize) -> Row {
@@ -125,11 +128,22 @@ fn run(shape: Shape, events: usize) -> Row {
         .into_iter()
         .filter(|s| s.window_end_ms == end)
         .collect();
-    let summary_bytes = summaries
+    let encoded: Vec<Vec<u8>> = summaries
         .iter()
-        .map(|s| serde_json::to_vec(s).map_or(0, |b| b.len()))
-        .sum::<usize>() as f64
-        / summaries.len().max(1) as f64;
+        .map(|s| serde_json::to_vec(s).unwrap_or_default())
+        .collect();
+    let summary_bytes =
+        encoded.iter().map(Vec::len).sum::<usize>() as f64 / summaries.len().max(1) as f64;
+    let mut decodes: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for bytes in &encoded {
+                black_box(serde_json::from_slice::<ShardSummary>(bytes).ok());
+            }
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    decodes.sort_by(f64::total_cmp);
     let mut merges: Vec<f64> = (0..5)
         .map(|_| {
             let t = Instant::now();
@@ -145,6 +159,7 @@ fn run(shape: Shape, events: usize) -> Row {
         state_max: states.iter().copied().max().unwrap_or(0),
         summary_bytes,
         merge_ms: merges[2],
+        decode_ms: decodes[2],
     }
 }
 
@@ -172,9 +187,9 @@ fn main() {
     println!("exact mode, one 5m window of 10 s buckets, Zipf s = 1.0, one core");
     println!();
     println!(
-        "| shards | scopes | keys | k | events | events/s | state per shard (mean / max) | summary per shard | merge per end |"
+        "| shards | scopes | keys | k | events | events/s | state per shard (mean / max) | summary per shard | decode per end | merge per end |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, values, vary) in dimensions {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
@@ -183,7 +198,7 @@ fn main() {
             let shape = vary(BASELINE, value);
             let row = run(shape, events_for(shape.keys));
             println!(
-                "| {} | {} | {} | {} | {:.1} M | {:.2} M | {:.1} / {:.1} MiB | {:.1} KiB | {:.2} ms |",
+                "| {} | {} | {} | {} | {:.1} M | {:.2} M | {:.1} / {:.1} MiB | {:.1} KiB | {:.2} ms | {:.2} ms |",
                 shape.shards,
                 shape.scopes,
                 shape.keys,
@@ -193,6 +208,7 @@ fn main() {
                 row.state_mean / 1_048_576.0,
                 row.state_max as f64 / 1_048_576.0,
                 row.summary_bytes / 1024.0,
+                row.decode_ms,
                 row.merge_ms
             );
         }

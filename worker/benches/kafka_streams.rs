@@ -5,9 +5,15 @@
 //! run on the test environment's broker. Reports each one's events/s, events per CPU-second and
 //! memory, and fails unless their lists agree.
 //!
+//! Two Kafka Streams applications run, one after the other: the DSL topology a user would
+//! write first (`TopKStreams`: hopping-window count, suppression, ranking) and one written by
+//! hand with the Processor API the way topk counts (`TopKProcessor`: one bucket update per
+//! event, ranked per partition at each closed end, partitions' lists merged).
+//!
 //! `cargo bench-dev -p topk-worker --bench kafka_streams` (after `./scripts/testenv.sh up`).
 //! `ANCHOR_BENCH_EVENTS` sets the stream length (default 1,000,000 events, 4 partitions:
-//! Kafka Streams needs minutes for them).
+//! Kafka Streams' DSL needs minutes for them); `ANCHOR_BENCH_APPS=processor` (or `dsl`) runs
+//! one of the two.
 //!
 //! Both count one 5-minute window sliding by 10 s, k = 100, 5 s of allowed lateness (Kafka
 //! Streams' grace). The input spans a few seconds of event time; then one late-enough event per
@@ -38,7 +44,7 @@ mod bench_worker;
 mod kafka_bench;
 
 use bench_worker::BenchWorker;
-use kafka_bench::{count_from_env, now_ms, process_cpu, produce, support};
+use kafka_bench::{count_from_env, now_ms, process_cpu, process_cpu_of, produce, support};
 
 const SHARDS: u32 = 4;
 const K: usize = 100;
@@ -60,9 +66,7 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let name = unique_name("anchor");
     let input = unique_name("anchor-input");
-    let output = unique_name("anchor-streams-out");
     runtime.block_on(env.create_metric_topics("bench", &name, &input, SHARDS));
-    runtime.block_on(env.create_topic(&output, SHARDS as i32, &[]));
 
     // In the past, so that no event is ahead of the clock.
     let start_ms = now_ms() - 15 * 60_000;
@@ -77,42 +81,60 @@ fn main() {
     );
 
     let topk = run_topk(&env, &name, &input, end_ms);
-    let app_id = unique_name("anchor-streams");
-    let streams = run_streams(
-        &env,
-        &classpath,
-        &input,
-        &output,
-        &app_id,
-        end_ms,
-        &topk.lists,
-    );
-
-    let mut topics = vec![output.clone()];
-    topics.extend(topics_with_prefix(&env, &format!("{app_id}-")));
-    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-    runtime.block_on(env.delete_topics(&names));
+    let only = std::env::var("ANCHOR_BENCH_APPS").unwrap_or_default();
+    let apps = [
+        (
+            "dsl",
+            "io.topk.bench.TopKStreams",
+            "Kafka Streams 4.1.1 DSL (RocksDB stores, exactly-once v2)",
+        ),
+        (
+            "processor",
+            "io.topk.bench.TopKProcessor",
+            "Kafka Streams 4.1.1 Processor API, hand-written (RocksDB stores, exactly-once v2)",
+        ),
+    ];
+    let mut runs = Vec::new();
+    for (short, class, label) in apps {
+        if !only.is_empty() && !only.split(',').any(|o| o == short) {
+            continue;
+        }
+        let output = unique_name(&format!("anchor-{short}-out"));
+        runtime.block_on(env.create_topic(&output, SHARDS as i32, &[]));
+        let app_id = unique_name(&format!("anchor-{short}"));
+        let app = StreamsApp {
+            classpath: &classpath,
+            class,
+            output: &output,
+            app_id: &app_id,
+        };
+        runs.push((label, run_streams(&env, &app, &input, end_ms, &topk.lists)));
+        let mut topics = vec![output.clone()];
+        topics.extend(topics_with_prefix(&env, &format!("{app_id}-")));
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        runtime.block_on(env.delete_topics(&names));
+    }
     runtime.block_on(env.delete_metric_topics("bench", &name, &input, SHARDS));
 
     let per_sec = |d: Duration| events as f64 / d.as_secs_f64();
     let mib = |b: u64| b as f64 / 1_048_576.0;
     println!();
-    println!(
-        "| system | events/s | events per CPU-second | vs Kafka Streams per CPU-second | memory |"
-    );
+    println!("| system | events/s | events per CPU-second | topk per CPU-second vs it | memory |");
     println!("|---|---:|---:|---:|---|");
+    for (label, streams) in &runs {
+        println!(
+            "| {label} | {:.0} | {:.0} | {:.1}x | {:.0} MiB peak RSS (JVM defaults), {:.1} MiB RocksDB on disk |",
+            per_sec(streams.wall),
+            per_sec(streams.cpu),
+            streams.cpu.as_secs_f64() / topk.cpu.as_secs_f64(),
+            mib(streams.peak_rss),
+            mib(streams.disk)
+        );
+    }
     println!(
-        "| Kafka Streams 4.1.1 (RocksDB stores, exactly-once v2) | {:.0} | {:.0} | 1.00x | {:.0} MiB peak RSS (JVM defaults), {:.1} MiB RocksDB on disk |",
-        per_sec(streams.wall),
-        per_sec(streams.cpu),
-        mib(streams.peak_rss),
-        mib(streams.disk)
-    );
-    println!(
-        "| topk worker (checkpoint every 1 s) | {:.0} | {:.0} | {:.1}x | {:.1} MiB state in memory, process RSS +{:.0} MiB |",
+        "| topk worker (checkpoint every 1 s) | {:.0} | {:.0} | | {:.1} MiB state in memory, process RSS +{:.0} MiB |",
         per_sec(topk.wall),
         per_sec(topk.cpu),
-        streams.cpu.as_secs_f64() / topk.cpu.as_secs_f64(),
         mib(topk.state_bytes),
         mib(topk.rss_growth)
     );
@@ -279,22 +301,35 @@ impl Drop for Application {
     }
 }
 
+/// One of the Kafka Streams applications, and where it writes.
+struct StreamsApp<'a> {
+    classpath: &'a str,
+    /// Its main class.
+    class: &'a str,
+    output: &'a str,
+    app_id: &'a str,
+}
+
 fn run_streams(
     env: &TestEnv,
-    classpath: &str,
+    app_to_run: &StreamsApp,
     input: &str,
-    output: &str,
-    app_id: &str,
     end_ms: i64,
     expected: &Lists,
 ) -> StreamsRun {
+    let StreamsApp {
+        classpath,
+        class,
+        output,
+        app_id,
+    } = *app_to_run;
     let state = tempfile::tempdir().expect("tempdir");
     let log = state.path().join("streams.log");
     let mut app = Application(
         Command::new("java")
             .arg("-cp")
             .arg(classpath)
-            .arg("io.topk.bench.TopKStreams")
+            .arg(class)
             .args([
                 env.kafka_bootstrap.as_str(),
                 input,
@@ -367,10 +402,10 @@ fn run_streams(
         latest.insert(scope.to_owned(), items);
     };
     let done_ms = now_ms();
-    let cpu_done = process_cpu_of(&pid);
+    let cpu_done = process_cpu_of(&pid).unwrap_or_default();
     assert!(
         agreed,
-        "Kafka Streams' lists for the window ending {end_ms} never matched topk's within {STREAMS_DEADLINE:?}:\n{}",
+        "{class}'s lists for the window ending {end_ms} never matched topk's within {STREAMS_DEADLINE:?}:\n{}",
         differences(expected, &latest)
     );
     let first_ms = first_rx
@@ -438,25 +473,6 @@ fn status_kib(pid: &str, field: &str) -> Option<u64> {
         .trim()
         .parse()
         .ok()
-}
-
-/// A process's CPU time so far (user + system, from `/proc/<pid>/stat`, in clock ticks of
-/// 10 ms, as Linux reports them to user space).
-fn process_cpu_of(pid: &str) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are the 14th and 15th fields; the rest starts at the 3rd.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 fn dir_bytes(dir: &Path) -> u64 {

@@ -147,13 +147,22 @@ pub fn bare_consumer(
     (started.elapsed(), cpu)
 }
 
-/// CPU time of every thread of this process so far, from `/proc/self/task/*/schedstat`.
+/// CPU time of this process so far, every thread's (see [`process_cpu_of`]).
 pub fn process_cpu() -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        total += ThreadTimes::at(&task.ok()?.path().join("schedstat"))?.on_cpu;
-    }
-    Some(total)
+    process_cpu_of("self")
+}
+
+/// A process's CPU time so far: user + system of all its threads, those that exited included
+/// (the worker's checkpoint threads, a JVM's short-lived ones), from `/proc/<pid>/stat`, in
+/// clock ticks of 10 ms, as Linux reports them to user space.
+pub fn process_cpu_of(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    // utime and stime are the 14th and 15th fields; the rest starts at the 3rd.
+    Some(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
 }
 
 /// A thread's time on a CPU and waiting for one, from its `schedstat`.

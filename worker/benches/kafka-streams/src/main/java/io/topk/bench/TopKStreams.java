@@ -129,7 +129,7 @@ public final class TopKStreams {
     stopped.await();
   }
 
-  private static void reportFirst(AtomicBoolean first) {
+  static void reportFirst(AtomicBoolean first) {
     if (first.compareAndSet(true, false)) {
       System.out.println("FIRST " + System.currentTimeMillis());
       System.out.flush();
@@ -137,7 +137,7 @@ public final class TopKStreams {
   }
 
   /** Whether a payload is a well-formed event of {@code metric} (malformed ones are skipped). */
-  private static boolean isCounted(ObjectMapper json, String payload, String metric) {
+  static boolean isCounted(ObjectMapper json, String payload, String metric) {
     try {
       JsonNode event = json.readTree(payload);
       return event != null
