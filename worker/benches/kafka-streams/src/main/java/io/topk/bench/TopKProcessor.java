@@ -4,20 +4,15 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import io.topk.bench.TopKStreams.KeyCount;
 import io.topk.bench.TopKStreams.TopList;
 import java.nio.ByteBuffer;
-import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
-import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicBoolean;
-import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.serialization.Serdes;
-import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsBuilder;
-import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Repartitioned;
@@ -47,11 +42,7 @@ public final class TopKProcessor {
   private static final String EMITTED = "~emitted";
 
   public static void main(String[] args) throws InterruptedException {
-    if (args.length != 10) {
-      System.err.println(
-          "usage: TopKProcessor bootstrap input output applicationId stateDir metric k windowMs advanceMs graceMs");
-      System.exit(2);
-    }
+    Properties props = TopKStreams.properties("TopKProcessor", args);
     String input = args[1];
     String output = args[2];
     String metric = args[5];
@@ -59,17 +50,6 @@ public final class TopKProcessor {
     long window = Long.parseLong(args[7]);
     long advance = Long.parseLong(args[8]);
     long grace = Long.parseLong(args[9]);
-
-    Properties props = new Properties();
-    props.put(StreamsConfig.APPLICATION_ID_CONFIG, args[3]);
-    props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
-    props.put(StreamsConfig.STATE_DIR_CONFIG, args[4]);
-    props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
-    props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
-    props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
-    // Tuned as TopKStreams is: commits every second, a cache holding the open buckets.
-    props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 1000);
-    props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 512L * 1024 * 1024);
 
     StreamsBuilder builder = new StreamsBuilder();
     builder.addStateStore(
@@ -88,23 +68,7 @@ public final class TopKProcessor {
         .process(() -> new Merger(k), "partials")
         .to(output, Produced.with(Serdes.String(), Serdes.String()));
 
-    KafkaStreams streams = new KafkaStreams(builder.build(), props);
-    CountDownLatch stopped = new CountDownLatch(1);
-    Runtime.getRuntime()
-        .addShutdownHook(
-            new Thread(
-                () -> {
-                  streams.close(Duration.ofSeconds(30));
-                  stopped.countDown();
-                }));
-    streams.setUncaughtExceptionHandler(
-        e -> {
-          e.printStackTrace();
-          return org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler
-              .StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
-        });
-    streams.start();
-    stopped.await();
+    TopKStreams.run(builder.build(), props);
   }
 
   /** A bucket's key prefix: fixed width, so that the store's byte order is the buckets'. */

@@ -24,6 +24,7 @@ import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
@@ -51,36 +52,14 @@ public final class TopKStreams {
   private TopKStreams() {}
 
   public static void main(String[] args) throws InterruptedException {
-    if (args.length != 10) {
-      System.err.println(
-          "usage: TopKStreams bootstrap input output applicationId stateDir metric k windowMs advanceMs graceMs");
-      System.exit(2);
-    }
-    String bootstrap = args[0];
+    Properties props = properties("TopKStreams", args);
     String input = args[1];
     String output = args[2];
-    String applicationId = args[3];
-    String stateDir = args[4];
     String metric = args[5];
     int k = Integer.parseInt(args[6]);
     Duration window = Duration.ofMillis(Long.parseLong(args[7]));
     Duration advance = Duration.ofMillis(Long.parseLong(args[8]));
     Duration grace = Duration.ofMillis(Long.parseLong(args[9]));
-
-    Properties props = new Properties();
-    props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
-    props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-    props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
-    props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
-    props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
-    // The test broker has one node.
-    props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
-    // Tuned as a production user would: commits (and cache flushes) every second, as often as
-    // the topk worker checkpoints in the benchmark, instead of exactly-once's 100 ms; a record
-    // cache that holds every open window's counts instead of 10 MiB, so that updates to hot keys
-    // are combined in memory before they reach RocksDB and the changelogs.
-    props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 1000);
-    props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 512L * 1024 * 1024);
 
     ObjectMapper json = new ObjectMapper();
     AtomicBoolean first = new AtomicBoolean(true);
@@ -109,8 +88,41 @@ public final class TopKStreams {
         .toStream()
         .mapValues(TopList::render)
         .to(output, Produced.with(Serdes.String(), Serdes.String()));
+    run(builder.build(), props);
+  }
 
-    KafkaStreams streams = new KafkaStreams(builder.build(), props);
+  /**
+   * The settings of either application from its arguments (bootstrap input output
+   * applicationId stateDir metric k windowMs advanceMs graceMs); exits on a wrong count.
+   */
+  static Properties properties(String name, String[] args) {
+    if (args.length != 10) {
+      System.err.println(
+          "usage: "
+              + name
+              + " bootstrap input output applicationId stateDir metric k windowMs advanceMs graceMs");
+      System.exit(2);
+    }
+    Properties props = new Properties();
+    props.put(StreamsConfig.APPLICATION_ID_CONFIG, args[3]);
+    props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
+    props.put(StreamsConfig.STATE_DIR_CONFIG, args[4]);
+    props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
+    props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
+    // The test broker has one node.
+    props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
+    // Tuned as a production user would: commits (and cache flushes) every second, as often as
+    // the topk worker checkpoints in the benchmark, instead of exactly-once's 100 ms; a record
+    // cache that holds every open window's counts instead of 10 MiB, so that updates to hot keys
+    // are combined in memory before they reach RocksDB and the changelogs.
+    props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 1000);
+    props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 512L * 1024 * 1024);
+    return props;
+  }
+
+  /** Runs a topology until the process is stopped. */
+  static void run(Topology topology, Properties props) throws InterruptedException {
+    KafkaStreams streams = new KafkaStreams(topology, props);
     CountDownLatch stopped = new CountDownLatch(1);
     Runtime.getRuntime()
         .addShutdownHook(
