@@ -444,6 +444,17 @@ workers: {checkpointInterval: 200ms, idleTimeout: 4h}
                 .all(|(w, before)| worker_metric(w, checkpoints) >= before + 2.0)
                 .then_some(())
         });
+        // Every checkpoint written paused the counting thread once (to copy the state); the
+        // rest of it ran on the checkpoint thread.
+        // (Written ones read first: a checkpoint is counted paused before it is written.)
+        for w in &workers {
+            let written = worker_metric(w, checkpoints);
+            let paused = worker_metric(w, "topk_worker_checkpoint_pause_seconds_count");
+            assert!(
+                written > 0.0 && paused >= written,
+                "{paused} checkpoint pauses, {written} checkpoints written"
+            );
+        }
         assert_eq!(
             total(r#"topk_worker_dedupe_total{outcome="not_remembered"}"#),
             0.0
