@@ -54,12 +54,37 @@ const HOUR_MS: i64 = 3_600_000;
 const START_MS: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z, minute aligned
 const CANDIDATES: usize = 1000;
 
+/// The events' keys one after the other, as a batch of messages carries them: every contender
+/// reads each event's key where the event is, and only a structure of its own that refers back
+/// to a key (a map entry, a record) leaves the sequential read.
 struct Stream {
-    keys: Vec<String>,
-    events: Vec<u32>,
+    text: String,
+    /// Where each event's key starts in `text`, and one more for the end of the last.
+    starts: Vec<u32>,
 }
 
 impl Stream {
+    fn new(keys: &[String], events: &[u32]) -> Self {
+        let mut text = String::new();
+        let mut starts = Vec::with_capacity(events.len() + 1);
+        for &e in events {
+            starts.push(text.len() as u32);
+            text.push_str(&keys[e as usize]);
+        }
+        starts.push(text.len() as u32);
+        Self { text, starts }
+    }
+
+    fn len(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        self.starts
+            .windows(2)
+            .map(|w| &self.text[w[0] as usize..w[1] as usize])
+    }
+
     /// Event times spread evenly over one hour (a multiply, not a division, per event).
     fn time(&self, i: usize, step: f64) -> i64 {
         START_MS + (i as f64 * step) as i64
@@ -91,8 +116,8 @@ fn measure(name: &'static str, run: impl FnOnce() -> Vec<(u32, u64)>) -> Outcome
 
 fn map_loop(s: &Stream) -> Vec<(u32, u64)> {
     let mut map: FxHashMap<&str, u64> = FxHashMap::default();
-    for &e in &s.events {
-        *map.entry(s.keys[e as usize].as_str()).or_insert(0) += 1;
+    for key in s.keys() {
+        *map.entry(key).or_insert(0) += 1;
     }
     black_box(&map);
     Vec::new()
@@ -115,14 +140,14 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
     };
     let mut shard = ShardCounter::new(&cfg, 0);
     let mut next_boundary = START_MS + 60_000;
-    let step = HOUR_MS as f64 / s.events.len() as f64;
-    for (i, &e) in s.events.iter().enumerate() {
+    let step = HOUR_MS as f64 / s.len() as f64;
+    for (i, key) in s.keys().enumerate() {
         let t = s.time(i, step);
         if t >= next_boundary {
             shard.advance(t);
             next_boundary = t - t % 60_000 + 60_000;
         }
-        shard.add("", &s.keys[e as usize], t, 1).unwrap();
+        shard.add("", key, t, 1).unwrap();
     }
     shard.advance(START_MS + HOUR_MS);
     let summary = shard.summary(0, START_MS + HOUR_MS);
@@ -136,8 +161,8 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
 fn datasketches_frequent_items(s: &Stream) -> Vec<(u32, u64)> {
     // maxMapSize 2^16: a priori error 3.5/65536 ~ 5e-5 of the stream, the engine's class.
     let mut sketch = FrequentItemsSketch::<String>::new(1 << 16).unwrap();
-    for &e in &s.events {
-        sketch.update_with_count_ref(s.keys[e as usize].as_str(), 1);
+    for key in s.keys() {
+        sketch.update_with_count_ref(key, 1);
     }
     let mut rows = sketch.frequent_items(ErrorType::NoFalseNegatives);
     rows.sort_by_key(|r| std::cmp::Reverse(r.estimate()));
@@ -149,8 +174,8 @@ fn datasketches_frequent_items(s: &Stream) -> Vec<(u32, u64)> {
 
 fn topk_filtered_space_saving(s: &Stream) -> Vec<(u32, u64)> {
     let mut fss = topk::FilteredSpaceSaving::<&str>::new(10 * CANDIDATES);
-    for &e in &s.events {
-        fss.insert(s.keys[e as usize].as_str(), 1);
+    for key in s.keys() {
+        fss.insert(key, 1);
     }
     fss.into_sorted_vec()
         .into_iter()
@@ -219,14 +244,14 @@ fn main() {
     for exponent in [1.0, 1.2] {
         let mut rng = rand::rngs::StdRng::seed_from_u64(42);
         let zipf = rand_distr::Zipf::new(keys as f64, exponent).unwrap();
-        let stream = Stream {
-            keys: (0..keys).map(|i| format!("key-{i}")).collect(),
-            events: (0..events).map(|_| rng.sample(zipf) as u32 - 1).collect(),
-        };
+        let names: Vec<String> = (0..keys).map(|i| format!("key-{i}")).collect();
+        let drawn: Vec<u32> = (0..events).map(|_| rng.sample(zipf) as u32 - 1).collect();
         let mut truth = vec![0u64; keys];
-        for &e in &stream.events {
+        for &e in &drawn {
             truth[e as usize] += 1;
         }
+        let stream = Stream::new(&names, &drawn);
+        drop((names, drawn));
         let mut true_order: Vec<u32> = (0..keys as u32).collect();
         true_order.sort_by(|a, b| truth[*b as usize].cmp(&truth[*a as usize]).then(a.cmp(b)));
 
