@@ -33,6 +33,14 @@ pub struct Checkpoint {
     pub input_topic_id: Option<String>,
 }
 
+/// A checkpoint in its stored form, made once for both the store and the handoff topic.
+pub struct EncodedCheckpoint {
+    pub shard: u32,
+    pub epoch: u64,
+    pub next_offset: i64,
+    pub bytes: Vec<u8>,
+}
+
 /// A shard as the counting thread copied it for a checkpoint: its stream as it is, without the
 /// work of naming keys and scopes, which [`Self::checkpoint`] does elsewhere.
 pub struct ShardCopy {
@@ -127,6 +135,15 @@ impl Checkpoint {
         Ok(out)
     }
 
+    pub fn encoded(&self) -> Result<EncodedCheckpoint, Error> {
+        Ok(EncodedCheckpoint {
+            shard: self.shard,
+            epoch: self.epoch,
+            next_offset: self.next_offset,
+            bytes: self.encode()?,
+        })
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         match bytes.split_first() {
             Some((&VALUE_FORMAT, body)) => decode_as::<Checkpoint>(body),
@@ -206,13 +223,12 @@ impl CheckpointStore {
     }
 
     /// Writes the checkpoints of several shards atomically; returns the bytes written.
-    pub fn save(&mut self, checkpoints: &[Checkpoint]) -> Result<usize, Error> {
+    pub fn save(&mut self, checkpoints: &[EncodedCheckpoint]) -> Result<usize, Error> {
         let mut batch = WriteBatch::default();
         let mut bytes = 0;
         for cp in checkpoints {
-            let value = cp.encode()?;
-            bytes += value.len();
-            batch.put(key(cp.shard), value);
+            bytes += cp.bytes.len();
+            batch.put(key(cp.shard), &cp.bytes);
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(true);

@@ -16,7 +16,7 @@ use topk_api::handoff::{
     SNAPSHOT_ID_HEADER, Skipped, SnapshotManifest, SnapshotRecords, chunk_key, manifest_key,
 };
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, EncodedCheckpoint};
 use crate::error::Error;
 use topk_runtime::output::{ChunkedWrite, DeliveryCounter, send};
 
@@ -51,11 +51,11 @@ impl Published {
 pub fn publish(
     producer: &ThreadedProducer<DeliveryCounter>,
     topic: &str,
-    cp: &Checkpoint,
+    cp: &EncodedCheckpoint,
     released: bool,
     replaces: Option<&Published>,
 ) -> Result<Published, Error> {
-    let bytes = cp.encode()?;
+    let bytes = &cp.bytes;
     // Unique per publication, so that no write ever lands on the chunks of another.
     let written_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -29,7 +29,7 @@ use topk_engine::event::{Event, EventParser, RejectReason};
 use topk_engine::stream::ShardStream;
 use topk_engine::{EngineConfig, ShardSummary};
 
-use crate::checkpoint::{Checkpoint, CheckpointStore, ShardCopy};
+use crate::checkpoint::{Checkpoint, CheckpointStore, EncodedCheckpoint, ShardCopy};
 use crate::error::Error;
 use crate::handoff::{self, Published};
 use crate::metrics::{
@@ -139,17 +139,25 @@ fn write_checkpoint(
     handoff: Option<HandoffJob>,
 ) -> (CheckpointStore, Written) {
     let checkpoints: Vec<Checkpoint> = copies.into_iter().map(ShardCopy::checkpoint).collect();
-    let saved = store.save(&checkpoints);
-    let published = handoff.map_or(Ok(Vec::new()), |job| {
-        checkpoints
-            .iter()
-            .map(|cp| {
-                let replaces = job.replaces.get(&cp.shard).and_then(Option::as_ref);
-                handoff::publish(&job.producer, &job.topic, cp, false, replaces)
-                    .map(|published| (cp.shard, published))
-            })
-            .collect()
-    });
+    let encoded: Result<Vec<EncodedCheckpoint>, Error> =
+        checkpoints.iter().map(Checkpoint::encoded).collect();
+    let (saved, published) = match encoded {
+        Ok(encoded) => {
+            let saved = store.save(&encoded);
+            let published = handoff.map_or(Ok(Vec::new()), |job| {
+                encoded
+                    .iter()
+                    .map(|cp| {
+                        let replaces = job.replaces.get(&cp.shard).and_then(Option::as_ref);
+                        handoff::publish(&job.producer, &job.topic, cp, false, replaces)
+                            .map(|published| (cp.shard, published))
+                    })
+                    .collect()
+            });
+            (saved, published)
+        }
+        Err(err) => (Err(err), Ok(Vec::new())),
+    };
     (
         store,
         Written {
@@ -398,7 +406,7 @@ impl Sink {
         let published = handoff::publish(
             &self.producer,
             &self.settings.topics.snapshots,
-            cp,
+            &cp.encoded()?,
             released,
             replaces,
         )?;

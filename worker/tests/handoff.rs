@@ -10,8 +10,12 @@ use topk_engine::config::{EngineConfig, Mode, WindowConfig};
 use topk_engine::stream::ShardStream;
 use topk_runtime::output::DeliveryCounter;
 use topk_testenv::{TestEnv, read_partition, reading_consumer, unique_name};
-use topk_worker::checkpoint::Checkpoint;
+use topk_worker::checkpoint::{Checkpoint, EncodedCheckpoint};
 use topk_worker::handoff::{fetch_latest, publish};
+
+fn encoded(cp: &Checkpoint) -> EncodedCheckpoint {
+    cp.encoded().expect("encode")
+}
 
 /// A shard-0 checkpoint; `outbox_bytes` makes it span several 512 KiB chunks.
 fn checkpoint(epoch: u64, next_offset: i64, outbox_bytes: usize) -> Checkpoint {
@@ -64,13 +68,23 @@ fn a_zombie_and_cut_short_publications_never_replace_the_newest_epochs_snapshot(
     // The new owner (epoch 2) publishes twice; the old owner (epoch 1), still running after
     // the shard moved, three times after it, each replacing its own previous.
     let big = 1_500_000;
-    let first = publish(&producer, &topic, &checkpoint(2, 100, big), false, None).expect("publish");
+    let first = publish(
+        &producer,
+        &topic,
+        &encoded(&checkpoint(2, 100, big)),
+        false,
+        None,
+    )
+    .expect("publish");
     let owner = checkpoint(2, 200, big);
-    let newest = publish(&producer, &topic, &owner, false, Some(&first)).expect("publish");
+    let newest =
+        publish(&producer, &topic, &encoded(&owner), false, Some(&first)).expect("publish");
     let mut zombie = None;
     for offset in [300, 400, 500] {
         let cp = checkpoint(1, offset, 10);
-        zombie = Some(publish(&producer, &topic, &cp, false, zombie.as_ref()).expect("publish"));
+        zombie = Some(
+            publish(&producer, &topic, &encoded(&cp), false, zombie.as_ref()).expect("publish"),
+        );
     }
     let found = latest();
     assert_eq!(found.checkpoint, owner, "the newest epoch's snapshot wins");
