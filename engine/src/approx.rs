@@ -6,11 +6,13 @@
 
 use std::collections::VecDeque;
 
-use crate::candidates::CandidateSet;
+use crate::candidates::{Candidate, CandidateSet};
 use crate::config::WindowConfig;
 use crate::exact::open_bucket;
 use crate::sketch::CountMinSketch;
-use crate::snapshot::{ApproxBucket as SnapBucket, WindowSnapshot};
+use crate::snapshot::{
+    ApproxBucket as SnapBucket, ApproxState, OpenApproxBucket, SketchCells, WindowSnapshot,
+};
 use crate::summary::{rank_order, top_k};
 use crate::window::{BucketFinder, Span};
 
@@ -20,6 +22,24 @@ struct ApproxBucket {
     sketch: CountMinSketch,
     /// Indexed by scope id; created when the scope first appears in the bucket.
     candidates: Vec<Option<CandidateSet>>,
+}
+
+impl ApproxBucket {
+    /// Each scope's candidates (none where the scope did not appear), by scope id.
+    fn sets(&self) -> impl Iterator<Item = impl Iterator<Item = &Candidate>> {
+        self.candidates
+            .iter()
+            .map(|set| set.iter().flat_map(CandidateSet::iter))
+    }
+
+    /// Gives the sketch what its candidates counted on their own, before the bucket closes.
+    fn flush_pending(&mut self) {
+        for set in self.candidates.iter_mut().flatten() {
+            for out in set.take_pending() {
+                self.sketch.add_bounded(out.hash, out.pending, out.count);
+            }
+        }
+    }
 }
 
 /// A re-scored candidate: (hash, key, window estimate).
@@ -113,20 +133,29 @@ impl ApproxWindow {
                 candidates: Vec::new(),
             },
         );
-        let estimate = bucket.sketch.add(hash, cost);
         let scope = scope as usize;
         if bucket.candidates.len() <= scope {
             bucket.candidates.resize_with(scope + 1, || None);
         }
-        let set = &mut bucket.candidates[scope];
-        if set.is_none() {
-            if self.scope_sets.len() <= scope {
-                self.scope_sets.resize(scope + 1, 0);
+        let set = match &mut bucket.candidates[scope] {
+            Some(set) => set,
+            empty => {
+                if self.scope_sets.len() <= scope {
+                    self.scope_sets.resize(scope + 1, 0);
+                }
+                self.scope_sets[scope] += 1;
+                empty.insert(CandidateSet::new(self.capacity))
             }
-            self.scope_sets[scope] += 1;
+        };
+        if set.count_member(hash, key, cost) {
+            return true;
         }
-        set.get_or_insert_with(|| CandidateSet::new(self.capacity))
-            .offer(hash, key, estimate);
+        let estimate = bucket.sketch.add(hash, cost);
+        if let Some(evicted) = set.offer_newcomer(hash, key, estimate) {
+            bucket
+                .sketch
+                .add_bounded(evicted.hash, evicted.pending, evicted.count);
+        }
         true
     }
 
@@ -157,9 +186,10 @@ impl ApproxWindow {
         };
         self.closed_through = end_idx;
         while self.open.front().is_some_and(|b| b.idx < end_idx) {
-            let Some(bucket) = self.open.pop_front() else {
+            let Some(mut bucket) = self.open.pop_front() else {
                 break;
             };
+            bucket.flush_pending();
             let bucket_period = self.span.period_of(bucket.idx);
             if bucket_period > period {
                 self.clear_sum();
@@ -286,71 +316,120 @@ impl ApproxWindow {
     /// The window's state, scope ids renumbered by `renumber` (old id to new, `None` for a
     /// scope left out: one the window holds nothing of).
     pub(crate) fn snapshot(&self, renumber: &[Option<u32>]) -> WindowSnapshot {
-        let bucket = |b: &ApproxBucket| SnapBucket {
-            idx: b.idx,
-            sketch: b.sketch.to_cells(),
-            candidates: renumbered(
-                renumber,
-                b.candidates.iter().map(|set| {
-                    set.iter()
-                        .flat_map(|s| s.iter().map(|c| (c.hash, c.key.clone(), c.count)))
-                        .collect()
-                }),
-            ),
-        };
-        WindowSnapshot::Approximate {
+        WindowSnapshot::Approximate(ApproxState {
             closed_through: self.closed_through,
             window: self.window.to_cells(),
-            open: self.open.iter().map(bucket).collect(),
-            closed: self.closed.iter().map(bucket).collect(),
+            open: self
+                .open
+                .iter()
+                .map(|b| OpenApproxBucket {
+                    idx: b.idx,
+                    sketch: b.sketch.to_cells(),
+                    candidates: renumbered(
+                        renumber,
+                        b.sets().map(|set| {
+                            set.map(|c| (c.hash, c.key.clone(), c.count, c.pending))
+                                .collect()
+                        }),
+                    ),
+                })
+                .collect(),
+            closed: self
+                .closed
+                .iter()
+                .map(|b| SnapBucket {
+                    idx: b.idx,
+                    sketch: b.sketch.to_cells(),
+                    candidates: renumbered(
+                        renumber,
+                        b.sets()
+                            .map(|set| set.map(|c| (c.hash, c.key.clone(), c.count)).collect()),
+                    ),
+                })
+                .collect(),
             retained: renumbered(renumber, self.retained.iter().cloned()),
+        })
+    }
+
+    /// Restores the state saved by [`Self::snapshot`] (or in the older layout without
+    /// pending counts) into this (fresh) window of a shard with `scopes` scope ids.
+    pub(crate) fn restore(&mut self, snap: &WindowSnapshot, scopes: usize) -> Result<(), String> {
+        match snap {
+            WindowSnapshot::Approximate(state) => {
+                let open = state.open.iter().map(with_pending).collect();
+                self.restore_state(state, open, scopes)
+            }
+            WindowSnapshot::ApproximateFlushed(state) => {
+                let open = state.open.iter().map(flushed).collect();
+                self.restore_state(state, open, scopes)
+            }
+            WindowSnapshot::Exact { .. } => {
+                Err("an exact window where an approximate one was expected".into())
+            }
         }
     }
 
-    /// Restores the state saved by [`Self::snapshot`] into this (fresh) window.
-    pub(crate) fn restore(&mut self, snap: &WindowSnapshot) -> Result<(), String> {
-        let WindowSnapshot::Approximate {
+    fn restore_state<Open>(
+        &mut self,
+        state: &ApproxState<Open>,
+        open: Vec<SavedBucket<'_>>,
+        scopes: usize,
+    ) -> Result<(), String> {
+        let ApproxState {
             closed_through,
             window,
-            open,
             closed,
             retained,
-        } = snap
-        else {
-            return Err("an exact window where an approximate one was expected".into());
-        };
+            ..
+        } = state;
+        let widest = open
+            .iter()
+            .map(|b| b.2.len())
+            .chain(closed.iter().map(|b| b.candidates.len()))
+            .chain([retained.len()])
+            .max()
+            .unwrap_or(0);
+        if widest > scopes {
+            return Err(format!("candidates for unknown scope id {}", widest - 1));
+        }
         let (width, depth, capacity) = (self.width, self.depth, self.capacity);
-        let sketch = |cells: &crate::snapshot::SketchCells| {
-            CountMinSketch::from_cells(cells, width, depth).ok_or_else(|| {
+        let bucket = |(idx, cells, sets): SavedBucket| -> Result<ApproxBucket, String> {
+            let sketch = CountMinSketch::from_cells(cells, width, depth).ok_or_else(|| {
                 format!(
                     "sketch is {}x{}, the configuration wants {width}x{depth}",
                     cells.width, cells.depth
                 )
-            })
-        };
-        let bucket = |b: &SnapBucket| -> Result<ApproxBucket, String> {
+            })?;
+            let candidates = sets
+                .into_iter()
+                .map(|keys| {
+                    if keys.is_empty() {
+                        return Ok(None);
+                    }
+                    let mut set = CandidateSet::new(capacity);
+                    for (hash, key, count, pending) in keys {
+                        if !set.restore_member(hash, key, count, pending) {
+                            return Err(format!("more than {capacity} candidates in a bucket"));
+                        }
+                    }
+                    Ok(Some(set))
+                })
+                .collect::<Result<_, String>>()?;
             Ok(ApproxBucket {
-                idx: b.idx,
-                sketch: sketch(&b.sketch)?,
-                candidates: b
-                    .candidates
-                    .iter()
-                    .map(|keys| {
-                        (!keys.is_empty()).then(|| {
-                            let mut set = CandidateSet::new(capacity);
-                            for (hash, key, count) in keys {
-                                set.offer(*hash, key, *count);
-                            }
-                            set
-                        })
-                    })
-                    .collect(),
+                idx,
+                sketch,
+                candidates,
             })
         };
         self.closed_through = *closed_through;
-        self.window = sketch(window)?;
-        self.open = open.iter().map(bucket).collect::<Result<_, _>>()?;
-        self.closed = closed.iter().map(bucket).collect::<Result<_, _>>()?;
+        self.window = CountMinSketch::from_cells(window, width, depth)
+            .ok_or_else(|| format!("window sketch is {}x{}", window.width, window.depth))?;
+        self.open = open.into_iter().map(bucket).collect::<Result<_, _>>()?;
+        self.closed = closed
+            .iter()
+            .map(flushed)
+            .map(bucket)
+            .collect::<Result<_, _>>()?;
         self.retained = retained.clone();
         self.scope_sets.clear();
         for b in self.open.iter().chain(&self.closed) {
@@ -392,6 +471,28 @@ impl ApproxWindow {
     }
 }
 
+/// A saved bucket: index, sketch and per-scope (hash, key, count, pending) candidates.
+type SavedBucket<'a> = (i64, &'a SketchCells, Vec<Vec<(u64, &'a str, u64, u64)>>);
+
+fn with_pending(b: &OpenApproxBucket) -> SavedBucket<'_> {
+    let sets = b.candidates.iter().map(|keys| {
+        keys.iter()
+            .map(|(hash, key, count, pending)| (*hash, key.as_str(), *count, *pending))
+            .collect()
+    });
+    (b.idx, &b.sketch, sets.collect())
+}
+
+/// A bucket saved with every count in its sketch (a closed one, or any of the older layout).
+fn flushed(b: &SnapBucket) -> SavedBucket<'_> {
+    let sets = b.candidates.iter().map(|keys| {
+        keys.iter()
+            .map(|(hash, key, count)| (*hash, key.as_str(), *count, 0))
+            .collect()
+    });
+    (b.idx, &b.sketch, sets.collect())
+}
+
 /// Per-scope items moved to their new scope ids, trailing empty ones left out.
 fn renumbered<T>(renumber: &[Option<u32>], items: impl Iterator<Item = Vec<T>>) -> Vec<Vec<T>> {
     let mut out: Vec<Vec<T>> = Vec::new();
@@ -409,4 +510,91 @@ fn renumbered<T>(renumber: &[Option<u32>], items: impl Iterator<Item = Vec<T>>) 
         out[new] = item;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::key_hash;
+
+    /// A window with open and closed buckets whose candidates hold pending counts.
+    fn counted() -> ApproxWindow {
+        let mut w = ApproxWindow::new(&WindowConfig::sliding("w", 60_000, 10_000), 64, 3, 2);
+        for i in 0..200i64 {
+            // One hot key per scope among a cycling tail.
+            let key = match i % 4 {
+                0 | 1 => "hot".to_owned(),
+                _ => format!("k{}", i % 7),
+            };
+            w.add(i * 400, (i % 2) as u32, key_hash(0, &key), &key, 1);
+            if i == 120 {
+                w.close_through(i * 400);
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn a_snapshot_carries_pending_counts_and_the_older_layout_still_restores() {
+        let w = counted();
+        assert!(
+            w.open
+                .iter()
+                .flat_map(ApproxBucket::sets)
+                .flatten()
+                .any(|c| c.pending > 0),
+            "the test wants pending counts"
+        );
+        let keep_all = [Some(0), Some(1)];
+        let snap = w.snapshot(&keep_all);
+        let mut restored = ApproxWindow::new(&WindowConfig::sliding("w", 60_000, 10_000), 64, 3, 2);
+        restored.restore(&snap, 2).expect("restore");
+        assert_eq!(restored.snapshot(&keep_all), snap);
+
+        // An older build's snapshot had every count in the sketch: flush, then drop the
+        // (now zero) pending counts from the layout.
+        let mut flushed = w.clone();
+        flushed
+            .open
+            .iter_mut()
+            .for_each(ApproxBucket::flush_pending);
+        let WindowSnapshot::Approximate(state) = flushed.snapshot(&keep_all) else {
+            panic!("an approximate snapshot");
+        };
+        let older = WindowSnapshot::ApproximateFlushed(ApproxState {
+            closed_through: state.closed_through,
+            window: state.window,
+            open: state
+                .open
+                .iter()
+                .map(|b| SnapBucket {
+                    idx: b.idx,
+                    sketch: b.sketch.clone(),
+                    candidates: b
+                        .candidates
+                        .iter()
+                        .map(|keys| {
+                            keys.iter()
+                                .map(|(h, k, c, _)| (*h, k.clone(), *c))
+                                .collect()
+                        })
+                        .collect(),
+                })
+                .collect(),
+            closed: state.closed,
+            retained: state.retained,
+        });
+        let mut upgraded = ApproxWindow::new(&WindowConfig::sliding("w", 60_000, 10_000), 64, 3, 2);
+        upgraded
+            .restore(&older, 2)
+            .expect("restore the older layout");
+        assert_eq!(upgraded.snapshot(&keep_all), flushed.snapshot(&keep_all));
+        assert_eq!(
+            upgraded
+                .restore(&older, 1)
+                .err()
+                .map(|e| e.contains("unknown scope id 1")),
+            Some(true)
+        );
+    }
 }

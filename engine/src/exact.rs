@@ -320,6 +320,12 @@ pub(crate) fn open_bucket<B, S>(
     index_of: impl Fn(&B) -> i64,
     make: impl FnOnce(i64, S) -> B,
 ) -> &mut B {
+    // The newest bucket is checked first with one comparison: indexing a `VecDeque` wraps
+    // around, which costs more than the whole check when the ring has a single bucket.
+    if open.back().is_some_and(|b| index_of(b) == idx) {
+        let newest = open.len() - 1;
+        return &mut open[newest];
+    }
     let mut at = open.len();
     while at > 0 && index_of(&open[at - 1]) > idx {
         at -= 1;

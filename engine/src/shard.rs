@@ -563,25 +563,8 @@ impl ShardCounter {
             }
             State::Approximate { windows } => {
                 for (w, saved) in windows.iter_mut().zip(&snap.windows) {
-                    if let WindowSnapshot::Approximate {
-                        open,
-                        closed,
-                        retained,
-                        ..
-                    } = saved
-                    {
-                        let widest = open
-                            .iter()
-                            .chain(closed)
-                            .map(|b| b.candidates.len())
-                            .chain([retained.len()])
-                            .max()
-                            .unwrap_or(0);
-                        if widest > scope_count as usize {
-                            return fail(format!("candidates for unknown scope id {}", widest - 1));
-                        }
-                    }
-                    w.restore(saved).map_err(EngineError::Snapshot)?;
+                    w.restore(saved, scope_count as usize)
+                        .map_err(EngineError::Snapshot)?;
                 }
             }
         }

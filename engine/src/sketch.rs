@@ -72,9 +72,16 @@ fn cell_index(width: u32, row: u32, hash: u64) -> usize {
     (row as usize) * (width as usize) + col as usize
 }
 
-/// Conservative update of the key with `hash` by `cost`; returns its new estimate.
+/// Conservative update of the key with `hash` by `cost`, its cells raised to no more than
+/// `upper` (a known bound on its count); returns its new estimate.
 #[inline]
-fn add_conservative<C: Cell>(cells: &mut [C], width: u32, depth: u32, hash: u64, cost: u64) -> u64 {
+fn add_conservative<C: Cell>(
+    cells: &mut [C],
+    (width, depth): (u32, u32),
+    hash: u64,
+    cost: u64,
+    upper: u64,
+) -> u64 {
     let mut current = u64::MAX;
     let mut idx = [0usize; 16];
     let rows = depth.min(16);
@@ -83,7 +90,8 @@ fn add_conservative<C: Cell>(cells: &mut [C], width: u32, depth: u32, hash: u64,
         idx[row as usize] = i;
         current = current.min(cells[i].get());
     }
-    let target = current.saturating_add(cost);
+    // Never below `current`: then it is the new minimum, the estimate returned.
+    let target = current.saturating_add(cost).min(upper).max(current);
     for &i in &idx[..rows as usize] {
         if cells[i].get() < target {
             cells[i] = C::of(target);
@@ -165,11 +173,20 @@ impl CountMinSketch {
     /// Adds `cost` for the key with `hash` and returns the key's new estimate.
     #[inline]
     pub fn add(&mut self, hash: u64, cost: u64) -> u64 {
+        self.add_bounded(hash, cost, u64::MAX)
+    }
+
+    /// Adds `cost` for the key with `hash`, whose count (`cost` included) is known to be at
+    /// most `upper`: no cell of the key is raised past that, which keeps the estimates of
+    /// the keys sharing them lower than a plain conservative update of `cost` would. For
+    /// counts gathered elsewhere and added in one go (a candidate's).
+    #[inline]
+    pub fn add_bounded(&mut self, hash: u64, cost: u64, upper: u64) -> u64 {
         self.grow_total(self.total.saturating_add(cost));
-        let (width, depth) = (self.width, self.depth);
+        let shape = (self.width, self.depth);
         match &mut self.cells {
-            Cells::Narrow(cells) => add_conservative(cells, width, depth, hash, cost),
-            Cells::Wide(cells) => add_conservative(cells, width, depth, hash, cost),
+            Cells::Narrow(cells) => add_conservative(cells, shape, hash, cost, upper),
+            Cells::Wide(cells) => add_conservative(cells, shape, hash, cost, upper),
         }
     }
 
@@ -282,6 +299,20 @@ mod tests {
         window.subtract(&bucket);
         assert_eq!(window.total(), 0);
         assert_eq!(window.estimate(key_hash(0, "k1")), 0);
+    }
+
+    #[test]
+    fn a_bounded_update_raises_the_key_to_its_bound_and_no_further() {
+        let (a, b) = (key_hash(0, "a"), key_hash(0, "b"));
+        let mut sketch = CountMinSketch::new(1, 2);
+        sketch.add(b, 10);
+        // "a" shares every cell with "b": a plain update would take it to 10 + 3.
+        assert_eq!(sketch.add_bounded(a, 3, 3), 10);
+        assert_eq!(sketch.total(), 13);
+        let mut wide = CountMinSketch::new(4096, 2);
+        wide.add(a, 2);
+        assert_eq!(wide.add_bounded(a, 3, 4), 4);
+        assert_eq!(wide.add_bounded(a, 1, u64::MAX), 5);
     }
 
     #[test]

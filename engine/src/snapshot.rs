@@ -35,14 +35,24 @@ pub enum WindowSnapshot {
         /// `closed_through`.
         buckets: Vec<ExactBucket>,
     },
-    Approximate {
-        closed_through: i64,
-        window: SketchCells,
-        open: Vec<ApproxBucket>,
-        closed: Vec<ApproxBucket>,
-        /// All-time windows: surviving candidates per scope id.
-        retained: Vec<Vec<ScoredKey>>,
-    },
+    /// The layout of snapshots made before open buckets' candidates counted on their own
+    /// (every count was in the bucket sketch): read, never written. Kept at its place, since
+    /// a variant's position is its encoding.
+    ApproximateFlushed(ApproxState<ApproxBucket>),
+    /// Open buckets carry the counts their candidates hold that the sketch has not been given.
+    Approximate(ApproxState<OpenApproxBucket>),
+}
+
+/// An approximate window's state; `Open` is the layout of its open buckets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApproxState<Open> {
+    pub closed_through: i64,
+    pub window: SketchCells,
+    pub open: Vec<Open>,
+    /// Closed buckets: their candidates' counts are all in the sketch.
+    pub closed: Vec<ApproxBucket>,
+    /// All-time windows: surviving candidates per scope id.
+    pub retained: Vec<Vec<ScoredKey>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,3 +80,14 @@ pub struct ApproxBucket {
 
 /// (hash, key, estimate).
 pub type ScoredKey = (u64, String, u64);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenApproxBucket {
+    pub idx: i64,
+    pub sketch: SketchCells,
+    /// Candidates per scope id (empty where the scope did not appear), in their set's order.
+    pub candidates: Vec<Vec<PendingKey>>,
+}
+
+/// (hash, key, count, the part of the count not yet in the bucket sketch).
+pub type PendingKey = (u64, String, u64, u64);

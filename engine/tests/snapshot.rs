@@ -238,3 +238,60 @@ proptest! {
         prop_assert_eq!(straight.scopes(), 1);
     }
 }
+
+/// Checkpoints are postcard bytes (positional). An approximate window written before open
+/// buckets' candidates held pending counts must decode as the older layout, not be misread.
+#[test]
+fn an_approximate_window_of_the_older_layout_decodes_as_such() {
+    use serde::Serialize;
+    use topk_engine::snapshot::{
+        ApproxBucket, ApproxState, ExactBucket, ScoredKey, SketchCells, WindowSnapshot,
+    };
+
+    /// `WindowSnapshot` as it was.
+    #[derive(Serialize)]
+    enum OlderWindowSnapshot {
+        #[allow(dead_code)]
+        Exact {
+            closed_through: i64,
+            buckets: Vec<ExactBucket>,
+        },
+        Approximate {
+            closed_through: i64,
+            window: SketchCells,
+            open: Vec<ApproxBucket>,
+            closed: Vec<ApproxBucket>,
+            retained: Vec<Vec<ScoredKey>>,
+        },
+    }
+    let sketch = |total| SketchCells {
+        width: 2,
+        depth: 1,
+        total,
+        cells: vec![total, 0],
+    };
+    let bucket = |idx, key: &str, count| ApproxBucket {
+        idx,
+        sketch: sketch(count),
+        candidates: vec![vec![(7, key.to_owned(), count)]],
+    };
+    let older = OlderWindowSnapshot::Approximate {
+        closed_through: 4,
+        window: sketch(3),
+        open: vec![bucket(4, "open", 5)],
+        closed: vec![bucket(3, "closed", 3)],
+        retained: vec![vec![(9, "kept".to_owned(), 1)]],
+    };
+    let bytes = postcard::to_allocvec(&older).expect("encode");
+    let read: WindowSnapshot = postcard::from_bytes(&bytes).expect("decode");
+    assert_eq!(
+        read,
+        WindowSnapshot::ApproximateFlushed(ApproxState {
+            closed_through: 4,
+            window: sketch(3),
+            open: vec![bucket(4, "open", 5)],
+            closed: vec![bucket(3, "closed", 3)],
+            retained: vec![vec![(9, "kept".to_owned(), 1)]],
+        })
+    );
+}
