@@ -82,7 +82,10 @@ impl CandidateSet {
         c.count = c.count.saturating_add(cost);
         c.pending = c.pending.saturating_add(cost);
         let pos = c.heap_pos as usize;
-        self.sift_down(pos);
+        // Heavy members sink to the leaves, where there is nothing to sift.
+        if 2 * pos + 1 < self.heap.len() {
+            self.sift_down(pos);
+        }
         true
     }
 
@@ -91,6 +94,10 @@ impl CandidateSet {
     /// counts the sketch has not been given are returned, for the caller to add there.
     #[inline]
     pub fn offer_newcomer(&mut self, hash: u64, key: &str, estimate: u64) -> Option<Unflushed> {
+        // The long tail's case, checked here in line: full, and not above the lightest member.
+        if self.slots.len() == self.capacity && estimate <= self.count_at(0) {
+            return None;
+        }
         self.admit(hash, key, estimate, 0)
     }
 
@@ -154,6 +161,10 @@ impl CandidateSet {
             .insert_unique(hash, root, |&s| slots[s as usize].hash);
         self.sift_down(0);
         unflushed
+    }
+
+    fn count_at(&self, pos: usize) -> u64 {
+        self.slots[self.heap[pos] as usize].count
     }
 
     /// Heap order: count, then slot, so that the lightest member (the one evicted) is the same

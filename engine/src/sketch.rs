@@ -82,25 +82,19 @@ fn add_conservative<C: Cell>(
     cost: u64,
     upper: u64,
 ) -> u64 {
+    // Two passes over the rows, the second recomputing each cell's index (a multiply and a
+    // shift): cheaper than keeping the indices in an array that must be initialised per update.
     let mut current = u64::MAX;
-    let mut idx = [0usize; 16];
-    let rows = depth.min(16);
-    for row in 0..rows {
-        let i = cell_index(width, row, hash);
-        idx[row as usize] = i;
-        current = current.min(cells[i].get());
+    for row in 0..depth {
+        current = current.min(cells[cell_index(width, row, hash)].get());
     }
     // Never below `current`: then it is the new minimum, the estimate returned.
     let target = current.saturating_add(cost).min(upper).max(current);
-    for &i in &idx[..rows as usize] {
-        if cells[i].get() < target {
-            cells[i] = C::of(target);
+    for row in 0..depth {
+        let cell = &mut cells[cell_index(width, row, hash)];
+        if cell.get() < target {
+            *cell = C::of(target);
         }
-    }
-    // Rows beyond 16 (delta below e^-16) take the plain update.
-    for row in rows..depth {
-        let i = cell_index(width, row, hash);
-        cells[i] = C::of(cells[i].get().saturating_add(cost));
     }
     target
 }
