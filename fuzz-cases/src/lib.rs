@@ -53,8 +53,7 @@ pub fn snapshot(data: &[u8]) {
     let Ok(snap) = postcard::from_bytes::<StreamSnapshot>(data) else {
         return;
     };
-    for mode in [Mode::Exact, approximate()] {
-        let cfg = engine_config(mode);
+    for cfg in snapshot_configs() {
         if let Ok(mut stream) = ShardStream::restore(&cfg, &snap) {
             let mut out = Vec::new();
             for (t, scope) in [(0, ""), (10_000, "eu"), (500_000, "")] {
@@ -132,6 +131,12 @@ fn engine_config(mode: Mode) -> EngineConfig {
         ],
         trending: None,
     }
+}
+
+/// What the snapshot target restores under, exact then approximate: the configurations its
+/// seeds were taken under.
+pub fn snapshot_configs() -> [EngineConfig; 2] {
+    [Mode::Exact, approximate()].map(engine_config)
 }
 
 fn approximate() -> Mode {
