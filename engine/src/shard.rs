@@ -10,7 +10,9 @@ use crate::exact::ExactWindow;
 use crate::keys::{KeyTable, ScopeTable, key_hash, scope_seed};
 use crate::sketch::CountMinSketch;
 use crate::snapshot::{ExactBucket, SNAPSHOT_FORMAT, ShardSnapshot, WindowSnapshot};
-use crate::summary::{KeyCount, PointCount, ScopeItems, ShardSummary, rank_order, top_k};
+use crate::summary::{
+    KeyCount, PointCount, ScopeItems, ShardSummary, rank_order, top_k, top_k_ranked,
+};
 use crate::trend::{TRENDING, Trend};
 use crate::window::Span;
 
@@ -239,9 +241,12 @@ impl ShardCounter {
                     .enumerate()
                     .filter(|(_, items)| !items.is_empty())
                     .map(|(scope, items)| {
-                        let top = top_k(items, self.k, |a, b| {
-                            rank_order(keys.key(a.0), a.1, keys.key(b.0), b.1)
-                        });
+                        let top = top_k_ranked(
+                            items,
+                            self.k,
+                            |item| item.1,
+                            |a, b| rank_order(keys.key(a.0), a.1, keys.key(b.0), b.1),
+                        );
                         ScopeItems {
                             scope: self.scopes.name(scope as u32).to_owned(),
                             items: top
