@@ -199,7 +199,7 @@ impl ExactWindow {
             let mut bucket_total = 0u64;
             for &(id, cost) in &counts {
                 let slot = &mut self.totals[id as usize];
-                if *slot == 0 {
+                if *slot == 0 && cost > 0 {
                     keys.incref(id);
                 }
                 *slot = slot.saturating_add(cost);
@@ -231,9 +231,13 @@ impl ExactWindow {
                 self.total = self.total.saturating_sub(bucket.total);
                 for (id, cost) in bucket.counts {
                     let slot = &mut self.totals[id as usize];
-                    *slot = slot.saturating_sub(cost);
-                    if *slot == 0 {
-                        keys.decref(id);
+                    // The totals hold a reference while positive; a saturated sum can reach
+                    // zero before the key's last bucket leaves, and must not release it twice.
+                    if *slot > 0 {
+                        *slot = slot.saturating_sub(cost);
+                        if *slot == 0 {
+                            keys.decref(id);
+                        }
                     }
                     keys.decref(id);
                 }

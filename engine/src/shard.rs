@@ -549,6 +549,16 @@ impl ShardCounter {
                     else {
                         return fail("an approximate window in an exact-mode snapshot".into());
                     };
+                    // Live counts cannot reach u64::MAX (MAX_COST bounds an event), so a
+                    // window whose saved counts add beyond it is corrupt.
+                    let mut window_total = 0u64;
+                    for bucket in buckets {
+                        for (_, _, count) in &bucket.counts {
+                            window_total = window_total.checked_add(*count).ok_or_else(|| {
+                                EngineError::Snapshot("a window's counts add beyond u64".into())
+                            })?;
+                        }
+                    }
                     for bucket in buckets {
                         let time_ms = bucket.idx.saturating_mul(w.bucket_ms());
                         for (scope, key, count) in &bucket.counts {

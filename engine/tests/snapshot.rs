@@ -295,3 +295,47 @@ fn an_approximate_window_of_the_older_layout_decodes_as_such() {
         })
     );
 }
+
+/// Saved exact counts are summed as they are restored; counts that add beyond u64 cannot come
+/// from a live stream (an event's cost is bounded), so such a state is refused as corrupt (the
+/// fuzzer's input once released a key twice). A zero count restores, counts on and expires.
+#[test]
+fn saved_counts_that_overflow_are_refused_and_zero_counts_restore() {
+    use topk_engine::snapshot::WindowSnapshot;
+
+    let cfg = config(Mode::Exact);
+    let mut stream = ShardStream::new(&cfg, 0);
+    let mut out = Vec::new();
+    run(
+        &mut stream,
+        &[(5, 0, 1, 1), (15, 0, 1, 1), (25, 0, 2, 1)],
+        &mut out,
+    );
+    let snap = stream.snapshot();
+    let with_counts = |count: u64| {
+        let mut snap = snap.clone();
+        let WindowSnapshot::Exact { buckets, .. } = &mut snap.counter.windows[0] else {
+            panic!("exact window");
+        };
+        assert!(buckets.len() >= 2, "{buckets:?}");
+        buckets[0].counts[0].2 = count;
+        snap
+    };
+    let err = ShardStream::restore(&cfg, &with_counts(u64::MAX))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("beyond u64"), "{err}");
+
+    let mut restored = ShardStream::restore(&cfg, &with_counts(0)).expect("restore");
+    run(&mut restored, &[(1_000, 0, 3, 1)], &mut out);
+    restored.advance_idle(NOW, 0, &mut out);
+    let WindowSnapshot::Exact { buckets, .. } = &restored.snapshot().counter.windows[0] else {
+        panic!("exact window");
+    };
+    assert!(
+        buckets
+            .iter()
+            .all(|b| b.counts.iter().all(|(_, k, _)| k != "k1")),
+        "{buckets:?}"
+    );
+}
