@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 use crate::candidates::{Candidate, CandidateSet};
 use crate::config::WindowConfig;
-use crate::exact::open_bucket;
+use crate::exact::{open_bucket, take_due};
 use crate::sketch::CountMinSketch;
 use crate::snapshot::{
     ApproxBucket as SnapBucket, ApproxState, OpenApproxBucket, SketchCells, WindowSnapshot,
@@ -53,7 +53,8 @@ pub(crate) struct ApproxWindow {
     width: u32,
     depth: u32,
     capacity: usize,
-    open: VecDeque<ApproxBucket>,
+    /// Oldest first (see [`crate::exact`]'s open buckets for why a `Vec`).
+    open: Vec<ApproxBucket>,
     closed: VecDeque<ApproxBucket>,
     window: CountMinSketch,
     /// All-time and tumbling windows fold buckets away; their candidates survive here, per
@@ -76,7 +77,7 @@ impl ApproxWindow {
             width,
             depth,
             capacity,
-            open: VecDeque::new(),
+            open: Vec::new(),
             closed: VecDeque::new(),
             window: CountMinSketch::new(width, depth),
             retained: Vec::new(),
@@ -185,10 +186,7 @@ impl ApproxWindow {
             through => self.span.period_of(through - 1),
         };
         self.closed_through = end_idx;
-        while self.open.front().is_some_and(|b| b.idx < end_idx) {
-            let Some(mut bucket) = self.open.pop_front() else {
-                break;
-            };
+        for mut bucket in take_due(&mut self.open, |b| b.idx < end_idx) {
             bucket.flush_pending();
             let bucket_period = self.span.period_of(bucket.idx);
             if bucket_period > period {
