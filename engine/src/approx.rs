@@ -118,35 +118,33 @@ impl ApproxWindow {
         if idx < self.closed_through {
             return false;
         }
-        let (width, depth, spare) = (self.width, self.depth, &mut self.spare);
-        let bucket = open_bucket(
-            &mut self.open,
-            idx,
-            || {
-                spare
-                    .pop()
-                    .unwrap_or_else(|| CountMinSketch::new(width, depth))
-            },
-            |b| b.idx,
-            |idx, sketch| ApproxBucket {
-                idx,
-                sketch,
-                candidates: Vec::new(),
-            },
-        );
-        let scope = scope as usize;
-        if bucket.candidates.len() <= scope {
-            bucket.candidates.resize_with(scope + 1, || None);
-        }
-        let set = match &mut bucket.candidates[scope] {
-            Some(set) => set,
-            empty => {
-                if self.scope_sets.len() <= scope {
-                    self.scope_sets.resize(scope + 1, 0);
-                }
-                self.scope_sets[scope] += 1;
-                empty.insert(CandidateSet::new(self.capacity))
+        let bucket = match self.open.last_mut() {
+            Some(newest) if newest.idx == idx => newest,
+            _ => {
+                let (width, depth, spare) = (self.width, self.depth, &mut self.spare);
+                open_bucket(
+                    &mut self.open,
+                    idx,
+                    |b| b.idx,
+                    |idx| ApproxBucket {
+                        idx,
+                        sketch: spare
+                            .pop()
+                            .unwrap_or_else(|| CountMinSketch::new(width, depth)),
+                        candidates: Vec::new(),
+                    },
+                )
             }
+        };
+        let scope = scope as usize;
+        let set = match bucket.candidates.get_mut(scope) {
+            Some(Some(set)) => set,
+            _ => new_set(
+                &mut bucket.candidates,
+                &mut self.scope_sets,
+                scope,
+                self.capacity,
+            ),
         };
         if set.count_member(hash, key, cost) {
             return true;
@@ -508,6 +506,25 @@ fn renumbered<T>(renumber: &[Option<u32>], items: impl Iterator<Item = Vec<T>>) 
         out[new] = item;
     }
     out
+}
+
+/// A bucket's first candidate set for `scope` (its sets per scope id are `sets`), counted in
+/// `scope_sets`.
+#[inline(never)]
+fn new_set<'a>(
+    sets: &'a mut Vec<Option<CandidateSet>>,
+    scope_sets: &mut Vec<u32>,
+    scope: usize,
+    capacity: usize,
+) -> &'a mut CandidateSet {
+    if sets.len() <= scope {
+        sets.resize_with(scope + 1, || None);
+    }
+    if scope_sets.len() <= scope {
+        scope_sets.resize(scope + 1, 0);
+    }
+    scope_sets[scope] += 1;
+    sets[scope].insert(CandidateSet::new(capacity))
 }
 
 #[cfg(test)]

@@ -127,11 +127,10 @@ impl ExactWindow {
         let bucket = open_bucket(
             &mut self.open,
             idx,
-            Vec::new,
             |b| b.idx,
-            |idx, entries| OpenBucket {
+            |idx| OpenBucket {
                 idx,
-                entries,
+                entries: Vec::new(),
                 index: None,
             },
         );
@@ -314,28 +313,12 @@ fn fill_counts(position: usize, idx: i64, entries: &mut [(u32, u64)], keys: &Key
     }
 }
 
-/// The open bucket with index `idx`, inserted in order if missing. Events nearly always hit
-/// the newest bucket, which is checked here in line; the search for another runs from the back.
-#[inline(always)]
-pub(crate) fn open_bucket<B, S>(
-    open: &mut Vec<B>,
-    idx: i64,
-    state: impl FnOnce() -> S,
-    index_of: impl Fn(&B) -> i64,
-    make: impl FnOnce(i64, S) -> B,
-) -> &mut B {
-    let newest = open.len().wrapping_sub(1);
-    if open.get(newest).is_some_and(|b| index_of(b) == idx) {
-        return &mut open[newest];
-    }
-    older_or_new_bucket(open, idx, index_of, |idx| make(idx, state()))
-}
-
-/// [`open_bucket`] for a bucket other than the newest: called once per bucket and late event,
-/// kept out of line so that the per-event path stays short (callgrind, zipf bench's
-/// approximate contender: the call was 50 instructions an event).
+/// The open bucket with index `idx`, inserted in order (made by `make`) if missing. For an
+/// event outside the newest bucket, which callers check in line first: kept out of line, as
+/// the per-event path is shorter without it (callgrind, zipf bench's approximate contender:
+/// the call and its `VecDeque` indexing were 50 instructions an event).
 #[inline(never)]
-fn older_or_new_bucket<B>(
+pub(crate) fn open_bucket<B>(
     open: &mut Vec<B>,
     idx: i64,
     index_of: impl Fn(&B) -> i64,
