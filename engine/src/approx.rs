@@ -246,29 +246,30 @@ impl ApproxWindow {
             let Some(set) = set else { continue };
             let pool = std::mem::take(&mut self.retained[scope]);
             let merged = pool
-                .into_iter()
-                .map(|(h, k, _)| (h, k))
-                .chain(set.iter().map(|c| (c.hash, c.key.clone())));
+                .iter()
+                .map(|(h, k, _)| (*h, k.as_str()))
+                .chain(set.iter().map(|c| (c.hash, c.key.as_str())));
             self.retained[scope] = self.rescore(merged);
         }
     }
 
     /// Deduplicates, re-scores against the window sketch and keeps the top `capacity`.
-    fn rescore(&self, keys: impl Iterator<Item = (u64, String)>) -> Vec<Scored> {
-        let mut keys: Vec<(u64, String)> = keys.collect();
+    /// Keys are borrowed until the end, and only those kept are copied: a window's buckets
+    /// name most of their candidates again, so the union is many times `capacity` (callgrind,
+    /// zipf bench: a summary cloned and freed some 60k strings to keep 1,000).
+    fn rescore<'a>(&self, keys: impl Iterator<Item = (u64, &'a str)>) -> Vec<Scored> {
+        let mut keys: Vec<(u64, &str)> = keys.collect();
         keys.sort_unstable();
         keys.dedup();
-        let scored: Vec<Scored> = keys
+        let scored: Vec<(u64, &str, u64)> = keys
             .into_iter()
-            .map(|(h, k)| {
-                let est = self.window.estimate(h);
-                (h, k, est)
-            })
+            .map(|(h, k)| (h, k, self.window.estimate(h)))
             .filter(|s| s.2 > 0)
             .collect();
-        top_k(scored, self.capacity, |a, b| {
-            rank_order(&a.1, a.2, &b.1, b.2)
-        })
+        top_k(scored, self.capacity, |a, b| rank_order(a.1, a.2, b.1, b.2))
+            .into_iter()
+            .map(|(h, k, est)| (h, k.to_owned(), est))
+            .collect()
     }
 
     /// The top candidates of each scope (by scope id) for the closed window.
@@ -282,7 +283,7 @@ impl ApproxWindow {
                 .map(|(scope, v)| {
                     (
                         scope as u32,
-                        self.rescore(v.iter().map(|(h, k, _)| (*h, k.clone()))),
+                        self.rescore(v.iter().map(|(h, k, _)| (*h, k.as_str()))),
                     )
                 })
                 .collect();
@@ -300,7 +301,7 @@ impl ApproxWindow {
                     .iter()
                     .filter_map(|b| b.candidates.get(scope)?.as_ref());
                 let mut union = keys
-                    .flat_map(|set| set.iter().map(|c| (c.hash, c.key.clone())))
+                    .flat_map(|set| set.iter().map(|c| (c.hash, c.key.as_str())))
                     .peekable();
                 union.peek()?;
                 let top = self.rescore(union);
