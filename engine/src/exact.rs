@@ -35,7 +35,7 @@ pub(crate) struct ExactWindow {
     bucket_ms: i64,
     bucket_finder: BucketFinder,
     span: Span,
-    /// Oldest first; a few buckets (those within the allowed lateness), so a `Vec`: the
+    /// Oldest first; a few buckets (within the allowed lateness and future skew), so a `Vec`: the
     /// newest is one read away, where a `VecDeque` wraps its index around.
     open: Vec<OpenBucket>,
     closed: VecDeque<ClosedBucket>,

@@ -551,13 +551,12 @@ impl ShardCounter {
                     };
                     // Live counts cannot reach u64::MAX (MAX_COST bounds an event), so a
                     // window whose saved counts add beyond it is corrupt.
-                    let mut window_total = 0u64;
-                    for bucket in buckets {
-                        for (_, _, count) in &bucket.counts {
-                            window_total = window_total.checked_add(*count).ok_or_else(|| {
-                                EngineError::Snapshot("a window's counts add beyond u64".into())
-                            })?;
-                        }
+                    let mut counts = buckets.iter().flat_map(|b| &b.counts);
+                    if counts
+                        .try_fold(0u64, |sum, (_, _, c)| sum.checked_add(*c))
+                        .is_none()
+                    {
+                        return fail("a window's counts add beyond u64".into());
                     }
                     for bucket in buckets {
                         let time_ms = bucket.idx.saturating_mul(w.bucket_ms());
