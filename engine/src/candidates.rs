@@ -8,6 +8,8 @@
 
 use hashbrown::HashTable;
 
+use crate::bytes::same_bytes;
+
 #[derive(Debug, Clone)]
 pub struct Candidate {
     pub hash: u64,
@@ -74,7 +76,7 @@ impl CandidateSet {
         let slots = &self.slots;
         let Some(&slot) = self.index.find(hash, |&s| {
             let c = &slots[s as usize];
-            c.hash == hash && c.key == key
+            c.hash == hash && same_bytes(c.key.as_bytes(), key.as_bytes())
         }) else {
             return false;
         };
