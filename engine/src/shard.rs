@@ -24,37 +24,7 @@ enum State {
     },
     Approximate {
         windows: Vec<ApproxWindow>,
-        owned: OwnedHashes,
     },
-}
-
-/// Hashes of keys that came in owned, for approximate mode, which has no key table to say
-/// which keys the shard holds: a hit skips asking the partitioner again (murmur2 of the message
-/// key, ~210 instructions an event in the `ingest` bench, a tenth of the approximate path).
-/// Direct-mapped on the hash's low bits, so a hot key stays and the tail asks each time. A key
-/// of another shard whose 64-bit hash (seeded by its scope) equals a remembered one's would be
-/// counted instead of refused: a chance of 2^-64 a pair.
-#[derive(Clone)]
-struct OwnedHashes(Box<[u64]>);
-
-impl OwnedHashes {
-    /// 32 KiB a shard.
-    const SLOTS: usize = 4096;
-
-    fn new() -> Self {
-        Self(vec![0; Self::SLOTS].into_boxed_slice())
-    }
-
-    /// The zero hash is never remembered, so that empty slots (zero) match nothing.
-    #[inline(always)]
-    fn contains(&self, hash: u64) -> bool {
-        hash != 0 && self.0[hash as usize % Self::SLOTS] == hash
-    }
-
-    #[inline(always)]
-    fn remember(&mut self, hash: u64) {
-        self.0[hash as usize % Self::SLOTS] = hash;
-    }
 }
 
 #[derive(Clone)]
@@ -94,7 +64,6 @@ impl ShardCounter {
                         .iter()
                         .map(|w| ApproxWindow::new(w, width, depth, p.candidates))
                         .collect(),
-                    owned: OwnedHashes::new(),
                 }
             }
         };
@@ -164,10 +133,10 @@ impl ShardCounter {
 
     /// Counts one event in every window if this shard owns its key (`WrongShard` if not, and
     /// `TooManyScopes` for a scope past the shard's limit). `owns` (the partitioner) is asked
-    /// only about a scope or key the shard does not hold (in approximate mode: whose hash it
-    /// does not remember, see [`OwnedHashes`]): everything held came in owned, under the same
-    /// metric and shard count (both part of the state's fingerprint), so the common case skips
-    /// hashing the message key.
+    /// only about a scope or key the shard does not hold (in exact mode; approximate mode, which
+    /// keeps no table of its keys, asks about every event): everything held came in owned,
+    /// under the same metric and shard count (both part of the state's fingerprint), so the
+    /// common case skips hashing the message key.
     pub fn add_owned(
         &mut self,
         scope: &str,
@@ -202,12 +171,9 @@ impl ShardCounter {
                     keys.free_if_unheld(id);
                 }
             }
-            State::Approximate { windows, owned } => {
-                if !owned.contains(hash) {
-                    if !admit() {
-                        return Err(RejectReason::WrongShard);
-                    }
-                    owned.remember(hash);
+            State::Approximate { windows } => {
+                if !admit() {
+                    return Err(RejectReason::WrongShard);
                 }
                 for w in windows.iter_mut() {
                     missed += u64::from(!w.add(time_ms, scope_id, hash, key, cost));
@@ -225,7 +191,7 @@ impl ShardCounter {
     fn holds_scope(&self, scope: u32) -> bool {
         match &self.state {
             State::Exact { keys, .. } => keys.holds_scope(scope),
-            State::Approximate { windows, .. } => windows.iter().any(|w| w.holds_scope(scope)),
+            State::Approximate { windows } => windows.iter().any(|w| w.holds_scope(scope)),
         }
     }
 
@@ -234,7 +200,7 @@ impl ShardCounter {
     fn expire_idle_scopes(&mut self) {
         let emptied: Vec<u32> = match &mut self.state {
             State::Exact { keys, .. } => keys.take_emptied_scopes(),
-            State::Approximate { windows, .. } => windows
+            State::Approximate { windows } => windows
                 .iter_mut()
                 .flat_map(|w| w.take_emptied_scopes())
                 .collect(),
@@ -257,7 +223,7 @@ impl ShardCounter {
     pub fn advance_window(&mut self, window: usize, watermark_ms: i64) {
         match &mut self.state {
             State::Exact { keys, windows } => windows[window].close_through(watermark_ms, keys),
-            State::Approximate { windows, .. } => windows[window].close_through(watermark_ms),
+            State::Approximate { windows } => windows[window].close_through(watermark_ms),
         }
         self.expire_idle_scopes();
     }
@@ -293,7 +259,7 @@ impl ShardCounter {
                     .collect();
                 (w.closed_through(), w.total(), 0, scopes)
             }
-            State::Approximate { windows, .. } => {
+            State::Approximate { windows } => {
                 let w = &windows[window];
                 let scopes: Vec<ScopeItems> = w
                     .top()
@@ -352,7 +318,7 @@ impl ShardCounter {
                     .collect();
                 (short.closed_through(), short.total(), 0, scopes)
             }
-            State::Approximate { windows, .. } => {
+            State::Approximate { windows } => {
                 let (short, base) = (&windows[trend.window], &windows[trend.baseline]);
                 let scopes = short
                     .top()
@@ -431,7 +397,7 @@ impl ShardCounter {
                 });
                 (w.closed_through(), count, 0)
             }
-            State::Approximate { windows, .. } => {
+            State::Approximate { windows } => {
                 let w = &windows[window];
                 // The seed is the scope name's hash, so a scope the shard no longer holds
                 // still finds its cells (which then hold collisions only).
@@ -464,7 +430,7 @@ impl ShardCounter {
                 State::Exact { keys, windows } => {
                     keys.heap_bytes() + windows.iter().map(ExactWindow::heap_bytes).sum::<usize>()
                 }
-                State::Approximate { windows, .. } => {
+                State::Approximate { windows } => {
                     windows.iter().map(ApproxWindow::heap_bytes).sum::<usize>()
                 }
             }
@@ -526,7 +492,7 @@ impl ShardCounter {
                         .collect(),
                 })
                 .collect(),
-            State::Approximate { windows, .. } => {
+            State::Approximate { windows } => {
                 windows.iter().map(|w| w.snapshot(&renumber)).collect()
             }
         };
@@ -610,7 +576,7 @@ impl ShardCounter {
                     }
                 }
             }
-            State::Approximate { windows, .. } => {
+            State::Approximate { windows } => {
                 for (w, saved) in windows.iter_mut().zip(&snap.windows) {
                     w.restore(saved, scope_count as usize)
                         .map_err(EngineError::Snapshot)?;
