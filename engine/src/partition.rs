@@ -56,8 +56,8 @@ pub fn message_key(metric: &str, scope: &str, key: &str) -> String {
 }
 
 /// Shard of an event: the partition of its message key, assembled on the stack. Hashing one
-/// contiguous copy is several times cheaper than feeding metric, `|`, scope, `|` and key in
-/// turn, whose seams break the word alignment and go through the hash byte by byte
+/// contiguous copy takes about half the instructions of feeding metric, `|`, scope, `|` and
+/// key in turn, whose seams break the word alignment and go through the hash byte by byte
 /// (callgrind, `ingest` bench, a 25-byte message key: ~430 instructions before, ~210 after).
 pub fn shard_for(metric: &str, scope: &str, key: &str, shards: u32) -> u32 {
     let len = metric.len() + scope.len() + key.len() + 2;
