@@ -6,9 +6,12 @@
 //! the same stream (the physical reference; the median of per-round ratios, each against a
 //! reference run just before the contender's, and their range), heap growth, recall@100/@1000
 //! against the exact counts, the largest over-count and the number of under-counted listed keys.
+//! Two "floor" rows run each mode's design with nothing around it (no scopes, no key frees, no
+//! late buckets, no window sum): how fast the engine could be without those, which is what a
+//! ratio goal for the engine has to be weighed against.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -17,8 +20,11 @@ use datasketches::frequencies::{ErrorType, FrequentItemsSketch};
 use rand::RngExt;
 use rand::SeedableRng;
 use rustc_hash::FxHashMap;
+use topk_engine::candidates::CandidateSet;
 use topk_engine::shard::ShardCounter;
+use topk_engine::sketch::CountMinSketch;
 use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Counts live heap bytes so every contender's memory is measured the same way.
 struct CountingAlloc;
@@ -52,6 +58,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
 static GLOBAL: CountingAlloc = CountingAlloc;
 
 const HOUR_MS: i64 = 3_600_000;
+const BUCKET_MS: i64 = 60_000;
+const EPSILON: f64 = 0.0001;
+const DELTA: f64 = 0.01;
 const START_MS: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z, minute aligned
 const CANDIDATES: usize = 1000;
 
@@ -136,17 +145,17 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
         max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
         max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
         dedupe: None,
-        windows: vec![WindowConfig::sliding("1h", HOUR_MS, 60_000)],
+        windows: vec![WindowConfig::sliding("1h", HOUR_MS, BUCKET_MS)],
         trending: None,
     };
     let mut shard = ShardCounter::new(&cfg, 0);
-    let mut next_boundary = START_MS + 60_000;
+    let mut next_boundary = START_MS + BUCKET_MS;
     let step = HOUR_MS as f64 / s.len() as f64;
     for (i, key) in s.keys().enumerate() {
         let t = s.time(i, step);
         if t >= next_boundary {
             shard.advance(t);
-            next_boundary = t - t % 60_000 + 60_000;
+            next_boundary = t - t % BUCKET_MS + BUCKET_MS;
         }
         shard.add("", key, t, 1).unwrap();
     }
@@ -157,6 +166,106 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
         .iter()
         .map(|i| (key_index(&i.key), i.count))
         .collect()
+}
+
+/// The exact windowed design with nothing around it, as a floor for the engine's exact row:
+/// keys borrowed from the stream, a dense id each, the id's count in the newest bucket, each
+/// bucket's list of ids folded into window totals when it closes and subtracted when it leaves
+/// the hour. No scopes, no freeing of keys that leave, no late buckets, one window.
+fn floor_exact(s: &Stream) -> Vec<(u32, u64)> {
+    let mut ids: FxHashMap<&str, u32> = FxHashMap::default();
+    let mut keys: Vec<&str> = Vec::new();
+    // (bucket, count) of each id in the newest bucket.
+    let mut newest: Vec<(i64, u64)> = Vec::new();
+    let mut open: Vec<u32> = Vec::new();
+    let mut closed: VecDeque<Vec<(u32, u64)>> = VecDeque::new();
+    let mut totals: Vec<u64> = Vec::new();
+    let mut close = |open: &mut Vec<u32>, newest: &[(i64, u64)]| {
+        totals.resize(newest.len(), 0);
+        let counts: Vec<(u32, u64)> = open
+            .drain(..)
+            .map(|id| (id, newest[id as usize].1))
+            .collect();
+        for &(id, count) in &counts {
+            totals[id as usize] += count;
+        }
+        closed.push_back(counts);
+        if closed.len() > (HOUR_MS / BUCKET_MS) as usize
+            && let Some(gone) = closed.pop_front()
+        {
+            for (id, count) in gone {
+                totals[id as usize] -= count;
+            }
+        }
+    };
+    let step = HOUR_MS as f64 / s.len() as f64;
+    let mut bucket = START_MS / BUCKET_MS;
+    for (i, key) in s.keys().enumerate() {
+        let at = s.time(i, step) / BUCKET_MS;
+        if at != bucket {
+            close(&mut open, &newest);
+            bucket = at;
+        }
+        let next = keys.len() as u32;
+        let id = *ids.entry(key).or_insert(next);
+        if id == next {
+            keys.push(key);
+            newest.push((i64::MIN, 0));
+        }
+        let slot = &mut newest[id as usize];
+        if slot.0 == bucket {
+            slot.1 += 1;
+        } else {
+            *slot = (bucket, 1);
+            open.push(id);
+        }
+    }
+    close(&mut open, &newest);
+    let mut ranked: Vec<(u32, u64)> = keys
+        .iter()
+        .zip(totals)
+        .map(|(key, count)| (key_index(key), count))
+        .collect();
+    let top = CANDIDATES.min(ranked.len());
+    if top > 0 {
+        ranked.select_nth_unstable_by_key(top - 1, |&(_, count)| std::cmp::Reverse(count));
+    }
+    ranked.truncate(top);
+    ranked.sort_unstable_by_key(|&(key, count)| (std::cmp::Reverse(count), key));
+    ranked
+}
+
+/// The approximate design's counting with nothing around it, as a floor for the engine's
+/// approximate row: per bucket a Count-Min Sketch (the engine's shape for one shard) and a
+/// candidate set, the key hashed once. No scopes, no window sum of the buckets, no list: it
+/// counts, and returns nothing to score.
+fn floor_approximate(s: &Stream) -> Vec<(u32, u64)> {
+    let (width, depth) = CountMinSketch::dimensions(EPSILON, DELTA);
+    let mut sketch = CountMinSketch::new(width, depth);
+    let mut set = CandidateSet::new(CANDIDATES);
+    let mut done = Vec::new();
+    let step = HOUR_MS as f64 / s.len() as f64;
+    let mut bucket = START_MS / BUCKET_MS;
+    for (i, key) in s.keys().enumerate() {
+        let at = s.time(i, step) / BUCKET_MS;
+        if at != bucket {
+            done.push((
+                std::mem::replace(&mut sketch, CountMinSketch::new(width, depth)),
+                std::mem::replace(&mut set, CandidateSet::new(CANDIDATES)),
+            ));
+            bucket = at;
+        }
+        let hash = xxh3_64_with_seed(key.as_bytes(), 0);
+        if set.count_member(hash, key, 1) {
+            continue;
+        }
+        let estimate = sketch.add(hash, 1);
+        if let Some(out) = set.offer_newcomer(hash, key, estimate) {
+            sketch.add_bounded(out.hash, out.pending, out.count);
+        }
+    }
+    black_box((&done, &sketch, &set));
+    Vec::new()
 }
 
 fn datasketches_frequent_items(s: &Stream) -> Vec<(u32, u64)> {
@@ -257,8 +366,8 @@ fn main() {
         true_order.sort_by(|a, b| truth[*b as usize].cmp(&truth[*a as usize]).then(a.cmp(b)));
 
         let approx = Mode::Approximate(SketchParams {
-            epsilon: 0.0001,
-            delta: 0.01,
+            epsilon: EPSILON,
+            delta: DELTA,
             candidates: CANDIDATES,
         });
         type Contender<'a> = (&'static str, Box<dyn Fn() -> Vec<(u32, u64)> + 'a>);
@@ -274,6 +383,14 @@ fn main() {
             (
                 "topk approximate (eps 1e-4, delta 0.01), 1h / 1m",
                 Box::new(|| engine(&stream, approx)),
+            ),
+            (
+                "floor: exact windowed design alone (no scopes, frees, late buckets)",
+                Box::new(|| floor_exact(&stream)),
+            ),
+            (
+                "floor: approximate counting alone (bucket sketch + candidates)",
+                Box::new(|| floor_approximate(&stream)),
             ),
             (
                 "DataSketches frequent items (map 2^16), no window",
