@@ -178,25 +178,14 @@ fn floor_exact(s: &Stream) -> Vec<(u32, u64)> {
     // (bucket, count) of each id in the newest bucket.
     let mut newest: Vec<(i64, u64)> = Vec::new();
     let mut open: Vec<u32> = Vec::new();
-    let mut closed: VecDeque<Vec<(u32, u64)>> = VecDeque::new();
-    let mut totals: Vec<u64> = Vec::new();
+    let mut window = BareWindow::default();
     let mut close = |open: &mut Vec<u32>, newest: &[(i64, u64)]| {
-        totals.resize(newest.len(), 0);
-        let counts: Vec<(u32, u64)> = open
-            .drain(..)
-            .map(|id| (id, newest[id as usize].1))
-            .collect();
-        for &(id, count) in &counts {
-            totals[id as usize] += count;
-        }
-        closed.push_back(counts);
-        if closed.len() > (HOUR_MS / BUCKET_MS) as usize
-            && let Some(gone) = closed.pop_front()
-        {
-            for (id, count) in gone {
-                totals[id as usize] -= count;
-            }
-        }
+        window.totals.resize(newest.len(), 0);
+        window.fold(
+            open.drain(..)
+                .map(|id| (id, newest[id as usize].1))
+                .collect(),
+        );
     };
     let step = HOUR_MS as f64 / s.len() as f64;
     let mut bucket = START_MS / BUCKET_MS;
@@ -221,6 +210,37 @@ fn floor_exact(s: &Stream) -> Vec<(u32, u64)> {
         }
     }
     close(&mut open, &newest);
+    top_of(&keys, window.totals)
+}
+
+/// The window of the floor rows: totals by id, and the closed buckets' counts until they
+/// leave the hour.
+#[derive(Default)]
+struct BareWindow {
+    totals: Vec<u64>,
+    closed: VecDeque<Vec<(u32, u64)>>,
+}
+
+impl BareWindow {
+    /// Adds a closed bucket's counts (ids below `totals.len()`) and expires the bucket that
+    /// left the window.
+    fn fold(&mut self, counts: Vec<(u32, u64)>) {
+        for &(id, count) in &counts {
+            self.totals[id as usize] += count;
+        }
+        self.closed.push_back(counts);
+        if self.closed.len() > (HOUR_MS / BUCKET_MS) as usize
+            && let Some(gone) = self.closed.pop_front()
+        {
+            for (id, count) in gone {
+                self.totals[id as usize] -= count;
+            }
+        }
+    }
+}
+
+/// The `CANDIDATES` largest totals of the keys (by id), heaviest first.
+fn top_of(keys: &[&str], totals: Vec<u64>) -> Vec<(u32, u64)> {
     let mut ranked: Vec<(u32, u64)> = keys
         .iter()
         .zip(totals)
@@ -233,6 +253,46 @@ fn floor_exact(s: &Stream) -> Vec<(u32, u64)> {
     ranked.truncate(top);
     ranked.sort_unstable_by_key(|&(key, count)| (std::cmp::Reverse(count), key));
     ranked
+}
+
+/// Another exact windowed design, bare in the same way: the newest bucket counts in a map of its
+/// own, which holds only the keys of that bucket (and so mostly stays in cache), and is folded
+/// into the table of all keys' ids and window totals when the bucket closes, once per key and
+/// bucket instead of once per event.
+fn floor_bucket_maps(s: &Stream) -> Vec<(u32, u64)> {
+    let mut ids: FxHashMap<&str, u32> = FxHashMap::default();
+    let mut keys: Vec<&str> = Vec::new();
+    let mut bucket_counts: FxHashMap<&str, u64> = FxHashMap::default();
+    let mut window = BareWindow::default();
+    // Takes the bucket's map and gives it back empty, its capacity kept for the next bucket.
+    let mut close = |mut bucket_counts: FxHashMap<_, u64>| {
+        let counts = bucket_counts
+            .drain()
+            .map(|(key, count)| {
+                let next = keys.len() as u32;
+                let id = *ids.entry(key).or_insert(next);
+                if id == next {
+                    keys.push(key);
+                }
+                (id, count)
+            })
+            .collect();
+        window.totals.resize(keys.len(), 0);
+        window.fold(counts);
+        bucket_counts
+    };
+    let step = HOUR_MS as f64 / s.len() as f64;
+    let mut bucket = START_MS / BUCKET_MS;
+    for (i, key) in s.keys().enumerate() {
+        let at = s.time(i, step) / BUCKET_MS;
+        if at != bucket {
+            bucket_counts = close(std::mem::take(&mut bucket_counts));
+            bucket = at;
+        }
+        *bucket_counts.entry(key).or_insert(0) += 1;
+    }
+    close(bucket_counts);
+    top_of(&keys, window.totals)
 }
 
 /// The approximate design's counting with nothing around it, as a floor for the engine's
@@ -387,6 +447,10 @@ fn main() {
             (
                 "floor: exact windowed design alone (no scopes, frees, late buckets)",
                 Box::new(|| floor_exact(&stream)),
+            ),
+            (
+                "floor: exact, a map per bucket folded at close",
+                Box::new(|| floor_bucket_maps(&stream)),
             ),
             (
                 "floor: approximate counting alone (bucket sketch + candidates)",
