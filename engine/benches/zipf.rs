@@ -6,9 +6,9 @@
 //! the same stream (the physical reference; the median of per-round ratios, each against a
 //! reference run just before the contender's, and their range), heap growth, recall@100/@1000
 //! against the exact counts, the largest over-count and the number of under-counted listed keys.
-//! Two "floor" rows run each mode's design with nothing around it (no scopes, no key frees, no
-//! late buckets, no window sum): how fast the engine could be without those, which is what a
-//! ratio goal for the engine has to be weighed against.
+//! The "floor" rows run designs with nothing around them (no scopes, no key frees, no late
+//! buckets, no window sum): each mode's own, and another exact one with a map per bucket. They
+//! are what a ratio goal for the engine has to be weighed against.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{HashMap, VecDeque};
