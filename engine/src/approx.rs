@@ -52,6 +52,8 @@ pub(crate) struct ApproxWindow {
     span: Span,
     width: u32,
     depth: u32,
+    /// The configured failure probability, at which [`Self::error_bound`] holds.
+    delta: f64,
     capacity: usize,
     /// Oldest first (see [`crate::exact`]'s open buckets for why a `Vec`).
     open: Vec<ApproxBucket>,
@@ -69,13 +71,19 @@ pub(crate) struct ApproxWindow {
 }
 
 impl ApproxWindow {
-    pub(crate) fn new(cfg: &WindowConfig, width: u32, depth: u32, capacity: usize) -> Self {
+    pub(crate) fn new(
+        cfg: &WindowConfig,
+        (width, depth): (u32, u32),
+        delta: f64,
+        capacity: usize,
+    ) -> Self {
         Self {
             bucket_ms: cfg.bucket_ms,
             bucket_finder: BucketFinder::new(cfg.bucket_ms),
             span: Span::of(cfg),
             width,
             depth,
+            delta,
             capacity,
             open: Vec::new(),
             closed: VecDeque::new(),
@@ -97,7 +105,7 @@ impl ApproxWindow {
     }
 
     pub(crate) fn error_bound(&self) -> u64 {
-        self.window.error_bound()
+        self.window.error_bound(self.delta)
     }
 
     /// The closed window's estimate of the key hashed `hash`: never below its true count.
@@ -389,6 +397,16 @@ impl ApproxWindow {
         if widest > scopes {
             return Err(format!("candidates for unknown scope id {}", widest - 1));
         }
+        // An earlier build shaped the same configuration's sketches otherwise (5 rows of
+        // `e / epsilon` at delta 0.01, where this one makes 3 of `4.65 / epsilon`): its
+        // snapshot keeps counting in its own shape when that bounds errors no worse, rather
+        // than the shard being counted again from its input.
+        let stored = (window.width, window.depth);
+        let bound = |shape| CountMinSketch::relative_bound(shape, self.delta);
+        if stored != (self.width, self.depth) && bound(stored) <= bound((self.width, self.depth)) {
+            (self.width, self.depth) = stored;
+            self.spare.clear();
+        }
         let (width, depth, capacity) = (self.width, self.depth, self.capacity);
         let bucket = |(idx, cells, sets): SavedBucket| -> Result<ApproxBucket, String> {
             let sketch = CountMinSketch::from_cells(cells, width, depth).ok_or_else(|| {
@@ -419,8 +437,12 @@ impl ApproxWindow {
             })
         };
         self.closed_through = *closed_through;
-        self.window = CountMinSketch::from_cells(window, width, depth)
-            .ok_or_else(|| format!("window sketch is {}x{}", window.width, window.depth))?;
+        self.window = CountMinSketch::from_cells(window, width, depth).ok_or_else(|| {
+            format!(
+                "window sketch is {}x{}, the configuration wants {width}x{depth}",
+                window.width, window.depth
+            )
+        })?;
         self.open = open.into_iter().map(bucket).collect::<Result<_, _>>()?;
         self.closed = closed
             .iter()
@@ -535,7 +557,12 @@ mod tests {
 
     /// A window with open and closed buckets whose candidates hold pending counts.
     fn counted() -> ApproxWindow {
-        let mut w = ApproxWindow::new(&WindowConfig::sliding("w", 60_000, 10_000), 64, 3, 2);
+        let mut w = ApproxWindow::new(
+            &WindowConfig::sliding("w", 60_000, 10_000),
+            (64, 3),
+            0.01,
+            2,
+        );
         for i in 0..200i64 {
             // One hot key per scope among a cycling tail.
             let key = match i % 4 {
@@ -563,7 +590,12 @@ mod tests {
         );
         let keep_all = [Some(0), Some(1)];
         let snap = w.snapshot(&keep_all);
-        let mut restored = ApproxWindow::new(&WindowConfig::sliding("w", 60_000, 10_000), 64, 3, 2);
+        let mut restored = ApproxWindow::new(
+            &WindowConfig::sliding("w", 60_000, 10_000),
+            (64, 3),
+            0.01,
+            2,
+        );
         restored.restore(&snap, 2).expect("restore");
         assert_eq!(restored.snapshot(&keep_all), snap);
 
@@ -600,7 +632,12 @@ mod tests {
             closed: state.closed,
             retained: state.retained,
         });
-        let mut upgraded = ApproxWindow::new(&WindowConfig::sliding("w", 60_000, 10_000), 64, 3, 2);
+        let mut upgraded = ApproxWindow::new(
+            &WindowConfig::sliding("w", 60_000, 10_000),
+            (64, 3),
+            0.01,
+            2,
+        );
         upgraded
             .restore(&older, 2)
             .expect("restore the older layout");
@@ -611,6 +648,33 @@ mod tests {
                 .err()
                 .map(|e| e.contains("unknown scope id 1")),
             Some(true)
+        );
+    }
+
+    #[test]
+    fn a_snapshot_in_another_shape_restores_in_it_only_if_it_bounds_errors_as_well() {
+        let cfg = WindowConfig::sliding("w", 60_000, 10_000);
+        let keep_all = [Some(0), Some(1)];
+        // `counted` makes 3 rows of 64; 2 rows of 100 bound errors less tightly (10 / 100 >
+        // 100^(1/3) / 64 at delta 0.01), 3 rows of 1000 more.
+        let snap = counted().snapshot(&keep_all);
+        let mut looser = ApproxWindow::new(&cfg, (100, 2), 0.01, 2);
+        looser
+            .restore(&snap, 2)
+            .expect("restore in the snapshot's shape");
+        assert_eq!((looser.width, looser.depth), (64, 3));
+        assert_eq!(looser.snapshot(&keep_all), snap);
+        assert_eq!(looser.error_bound(), counted().window.error_bound(0.01));
+        // Counting goes on in that shape: a new bucket's sketch merges into the window's.
+        looser.add(200 * 400, 0, key_hash(0, "hot"), "hot", 1);
+        looser.close_through(201 * 400);
+        let mut tighter = ApproxWindow::new(&cfg, (1000, 3), 0.01, 2);
+        let refused = tighter
+            .restore(&snap, 2)
+            .expect_err("a looser bound is refused");
+        assert!(
+            refused.contains("the configuration wants 1000x3"),
+            "{refused}"
         );
     }
 }

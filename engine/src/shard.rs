@@ -1,7 +1,5 @@
 //! The counting state of one logical shard: every configured window, exact or sketched.
 
-use std::f64::consts::E;
-
 use crate::approx::ApproxWindow;
 use crate::config::{EngineConfig, Mode, WindowConfig};
 use crate::error::EngineError;
@@ -62,7 +60,7 @@ impl ShardCounter {
                     windows: cfg
                         .windows
                         .iter()
-                        .map(|w| ApproxWindow::new(w, width, depth, p.candidates))
+                        .map(|w| ApproxWindow::new(w, (width, depth), p.delta, p.candidates))
                         .collect(),
                 }
             }
@@ -600,11 +598,7 @@ impl ShardCounter {
 }
 
 /// Sketch dimensions of one shard. `epsilon` is relative to the metric's total over all
-/// shards, so each shard sizes its sketch for its share: width `e / (epsilon * shards)`.
+/// shards, so each shard sizes its sketch for its share: the dimensions of `epsilon * shards`.
 pub fn shard_sketch_dimensions(epsilon: f64, delta: f64, shards: u32) -> (u32, u32) {
-    let (_, depth) = CountMinSketch::dimensions(epsilon, delta);
-    let width = (E / (epsilon * f64::from(shards.max(1))))
-        .ceil()
-        .clamp(1.0, f64::from(u32::MAX >> 4));
-    (width as u32, depth)
+    CountMinSketch::dimensions(epsilon * f64::from(shards.max(1)), delta)
 }

@@ -8,9 +8,7 @@
 //! Conservative update keeps, for every key and row, `cell >= true count`, so the minimum over
 //! rows never under-counts; a sum of such sketches keeps that property, which is what makes
 //! the window sum of bucket sketches safe. Its cells never exceed those of a plain sketch, so
-//! the classic bound `e / width * total` (with probability `1 - e^-depth`) still holds.
-
-use std::f64::consts::E;
+//! a plain sketch's bound holds: see [`CountMinSketch::error_bound`].
 
 use crate::snapshot::SketchCells;
 
@@ -33,6 +31,16 @@ enum Cells {
 }
 
 const NARROW_MAX: u64 = u32::MAX as u64;
+
+/// Each row's chance of over-counting a key by more than `epsilon * total` is at most one in
+/// this (see [`CountMinSketch::dimensions`]).
+const ROW_BASE: f64 = 5.0;
+
+/// The base `b` with `b^depth = 1 / delta`: a row of width `b / epsilon` over-counts by more
+/// than `epsilon * total` with probability at most `1 / b`.
+fn row_base(delta: f64, depth: u32) -> f64 {
+    (1.0 / delta).powf(1.0 / f64::from(depth.max(1)))
+}
 
 trait Cell: Copy {
     fn get(self) -> u64;
@@ -126,11 +134,21 @@ impl CountMinSketch {
         }
     }
 
-    /// Dimensions for a relative error `epsilon` with failure probability `delta`:
-    /// width `ceil(e / epsilon)`, depth `ceil(ln(1 / delta))`.
+    /// Dimensions for a relative error `epsilon` with failure probability `delta`: depth
+    /// `ceil(log_5(1 / delta))`, width `ceil(delta^(-1/depth) / epsilon)`.
+    ///
+    /// A row over-counts a key by more than `epsilon * total` with probability at most
+    /// `1 / (width * epsilon)` (Markov), so `depth` independent rows all do with at most that
+    /// to the power `depth`: any base `b = width * epsilon` with `b^depth >= 1 / delta` keeps the
+    /// guarantee. Base `e` (the classic `e / epsilon` by `ln(1 / delta)`) needs the fewest
+    /// cells; base 5 needs 38 % fewer rows, which every update of a key outside the candidates
+    /// reads and writes, for at most 14 % more cells than base `e` rounded (2.4 % at delta 0.01:
+    /// 3 rows of `4.65 / epsilon` instead of 5 of `e / epsilon`).
     pub fn dimensions(epsilon: f64, delta: f64) -> (u32, u32) {
-        let width = (E / epsilon).ceil().clamp(1.0, f64::from(u32::MAX >> 4)) as u32;
-        let depth = (1.0 / delta).ln().ceil().clamp(1.0, 64.0) as u32;
+        let depth = ((1.0 / delta).ln() / ROW_BASE.ln()).ceil().clamp(1.0, 64.0) as u32;
+        let width = (row_base(delta, depth) / epsilon)
+            .ceil()
+            .clamp(1.0, f64::from(u32::MAX >> 4)) as u32;
         (width, depth)
     }
 
@@ -255,21 +273,51 @@ impl CountMinSketch {
         }
     }
 
-    /// Over-count bound for this sketch's current total: `ceil(e / width * total)`.
-    pub fn error_bound(&self) -> u64 {
-        (E / f64::from(self.width) * self.total as f64).ceil() as u64
+    /// The over-count no estimate passes with probability at least `1 - delta`, for this
+    /// sketch's current total: `ceil(delta^(-1/depth) / width * total)` (see
+    /// [`Self::dimensions`]). It holds for any shape, the one a snapshot of an earlier build
+    /// came in included.
+    pub fn error_bound(&self, delta: f64) -> u64 {
+        (Self::relative_bound((self.width, self.depth), delta) * self.total as f64).ceil() as u64
+    }
+
+    /// The over-count bound of a sketch of this shape per event of its total, at `delta`.
+    pub fn relative_bound((width, depth): (u32, u32), delta: f64) -> f64 {
+        row_base(delta, depth) / f64::from(width.max(1))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::f64::consts::E;
+
     use super::*;
     use crate::keys::key_hash;
 
     #[test]
-    fn dimensions_follow_the_classic_formulas() {
-        assert_eq!(CountMinSketch::dimensions(0.01, 0.01), (272, 5));
-        assert_eq!(CountMinSketch::dimensions(0.0001, 0.01), (27183, 5));
+    fn dimensions_keep_the_guarantee_with_fewer_rows_than_the_classic_shape() {
+        assert_eq!(CountMinSketch::dimensions(0.01, 0.01), (465, 3));
+        assert_eq!(CountMinSketch::dimensions(0.0001, 0.01), (46416, 3));
+        assert_eq!(CountMinSketch::dimensions(0.001, 0.2), (5000, 1));
+        assert_eq!(CountMinSketch::dimensions(0.001, 0.001), (3982, 5));
+        for delta in [0.5, 0.3, 0.2, 0.1, 0.05, 0.01, 0.001, 1e-4, 1e-6, 1e-9] {
+            let (width, depth) = CountMinSketch::dimensions(0.001, delta);
+            // The guarantee: every row fails with at most 1 / (width * epsilon), all of them
+            // with at most delta.
+            let base = f64::from(width) * 0.001;
+            assert!(
+                base.powi(depth as i32) >= (1.0 - 1e-9) / delta,
+                "{delta}: {base}^{depth}"
+            );
+            // Never more rows than the classic shape, nor 14 % more cells.
+            let classic_depth = (1.0 / delta).ln().ceil();
+            let cells = f64::from(width) * f64::from(depth);
+            assert!(f64::from(depth) <= classic_depth, "{delta}: {depth} rows");
+            assert!(
+                cells <= (E / 0.001).ceil() * classic_depth * 1.14,
+                "{delta}: {cells} cells"
+            );
+        }
     }
 
     #[test]
