@@ -42,6 +42,16 @@ impl ApproxBucket {
     }
 }
 
+/// What [`ApproxWindow::add`] did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Added {
+    Counted,
+    /// Its bucket had closed: nothing counted (the pipeline's lateness rule prevents it).
+    BucketClosed,
+    /// The partitioner puts the key on another shard: nothing counted.
+    NotOwned,
+}
+
 /// A re-scored candidate: (hash, key, window estimate).
 pub(crate) type Scored = (u64, String, u64);
 
@@ -113,6 +123,9 @@ impl ApproxWindow {
         self.window.estimate(hash)
     }
 
+    /// Counts an event whose key is a candidate of the bucket without asking `owns` (the
+    /// partitioner): a candidate came in owned. Anything else (a new bucket, scope or key)
+    /// asks first and changes nothing if the shard does not own the key.
     #[inline]
     pub(crate) fn add(
         &mut self,
@@ -121,13 +134,19 @@ impl ApproxWindow {
         hash: u64,
         key: &str,
         cost: u64,
-    ) -> bool {
+        owns: &mut impl FnMut() -> bool,
+    ) -> Added {
         let idx = self.bucket_finder.index(time_ms);
         if idx < self.closed_through {
-            return false;
+            return if owns() {
+                Added::BucketClosed
+            } else {
+                Added::NotOwned
+            };
         }
         let bucket = match self.open.last_mut() {
             Some(newest) if newest.idx == idx => newest,
+            _ if !owns() => return Added::NotOwned,
             _ => {
                 let (width, depth, spare) = (self.width, self.depth, &mut self.spare);
                 open_bucket(
@@ -147,6 +166,7 @@ impl ApproxWindow {
         let scope = scope as usize;
         let set = match bucket.candidates.get_mut(scope) {
             Some(Some(set)) => set,
+            _ if !owns() => return Added::NotOwned,
             _ => new_set(
                 &mut bucket.candidates,
                 &mut self.scope_sets,
@@ -155,7 +175,10 @@ impl ApproxWindow {
             ),
         };
         if set.count_member(hash, key, cost) {
-            return true;
+            return Added::Counted;
+        }
+        if !owns() {
+            return Added::NotOwned;
         }
         let estimate = bucket.sketch.add(hash, cost);
         if let Some(evicted) = set.offer_newcomer(hash, key, estimate) {
@@ -163,7 +186,7 @@ impl ApproxWindow {
                 .sketch
                 .add_bounded(evicted.hash, evicted.pending, evicted.count);
         }
-        true
+        Added::Counted
     }
 
     /// Whether the window holds anything of the scope: a candidate in a bucket, or a retained
@@ -569,7 +592,14 @@ mod tests {
                 0 | 1 => "hot".to_owned(),
                 _ => format!("k{}", i % 7),
             };
-            w.add(i * 400, (i % 2) as u32, key_hash(0, &key), &key, 1);
+            w.add(
+                i * 400,
+                (i % 2) as u32,
+                key_hash(0, &key),
+                &key,
+                1,
+                &mut || true,
+            );
             if i == 120 {
                 w.close_through(i * 400);
             }
@@ -666,7 +696,7 @@ mod tests {
         assert_eq!(looser.snapshot(&keep_all), snap);
         assert_eq!(looser.error_bound(), counted().window.error_bound(0.01));
         // Counting goes on in that shape: a new bucket's sketch merges into the window's.
-        looser.add(200 * 400, 0, key_hash(0, "hot"), "hot", 1);
+        looser.add(200 * 400, 0, key_hash(0, "hot"), "hot", 1, &mut || true);
         looser.close_through(201 * 400);
         let mut tighter = ApproxWindow::new(&cfg, (1000, 3), 0.01, 2);
         let refused = tighter
