@@ -20,15 +20,21 @@ pub struct CountMinSketch {
     cells: Cells,
 }
 
-/// A cell never exceeds the sketch's total (every update raises a cell by at most what it adds
-/// to the total), so while the total fits 32 bits the cells are stored in 32: a bucket's sketch
-/// then takes half the cache, which is where an approximate count spends its time (the zipf
-/// bench). A sketch widens for good before its total would pass `u32::MAX`.
+/// Cells as narrow as their values allow, each step halving a sketch's memory. A cell never
+/// exceeds the sketch's total (every update raises a cell by at most what it adds to the
+/// total), so while the total fits 32 bits the cells fit 32, and a sketch widens to 64 for good
+/// before its total would pass `u32::MAX`. A new sketch starts at 16 bits and widens to 32 when
+/// an update would raise one of its cells past `u16::MAX` (checked per update, before any cell
+/// is written), or a merge its total: a bucket's cells stay small long after its total passed
+/// 16 bits, as long as no key's estimate did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Cells {
+    Small(Vec<u16>),
     Narrow(Vec<u32>),
     Wide(Vec<u64>),
 }
+
+const SMALL_MAX: u64 = u16::MAX as u64;
 
 const NARROW_MAX: u64 = u32::MAX as u64;
 
@@ -43,12 +49,27 @@ fn row_base(delta: f64, depth: u32) -> f64 {
 }
 
 trait Cell: Copy {
+    /// The largest value the cell holds.
+    const MAX: u64;
     fn get(self) -> u64;
     /// Only called with a value the cell type holds (see [`Cells`]).
     fn of(value: u64) -> Self;
 }
 
+impl Cell for u16 {
+    const MAX: u64 = SMALL_MAX;
+    #[inline]
+    fn get(self) -> u64 {
+        u64::from(self)
+    }
+    #[inline]
+    fn of(value: u64) -> Self {
+        value as u16
+    }
+}
+
 impl Cell for u32 {
+    const MAX: u64 = NARROW_MAX;
     #[inline]
     fn get(self) -> u64 {
         u64::from(self)
@@ -60,6 +81,7 @@ impl Cell for u32 {
 }
 
 impl Cell for u64 {
+    const MAX: u64 = u64::MAX;
     #[inline]
     fn get(self) -> u64 {
         self
@@ -81,7 +103,8 @@ fn cell_index(width: u32, row: u32, hash: u64) -> usize {
 }
 
 /// Conservative update of the key with `hash` by `cost`, its cells raised to no more than
-/// `upper` (a known bound on its count); returns its new estimate.
+/// `upper` (a known bound on its count); returns its new estimate, or `None` (and changes
+/// nothing) if a cell would have to hold more than `C` does.
 #[inline]
 fn add_conservative<C: Cell>(
     cells: &mut [C],
@@ -89,7 +112,7 @@ fn add_conservative<C: Cell>(
     hash: u64,
     cost: u64,
     upper: u64,
-) -> u64 {
+) -> Option<u64> {
     // Two passes over the rows, the second recomputing each cell's index (a multiply and a
     // shift): cheaper than keeping the indices in an array that must be initialised per update.
     let mut current = u64::MAX;
@@ -98,13 +121,16 @@ fn add_conservative<C: Cell>(
     }
     // Never below `current`: then it is the new minimum, the estimate returned.
     let target = current.saturating_add(cost).min(upper).max(current);
+    if target > C::MAX {
+        return None;
+    }
     for row in 0..depth {
         let cell = &mut cells[cell_index(width, row, hash)];
         if cell.get() < target {
             *cell = C::of(target);
         }
     }
-    target
+    Some(target)
 }
 
 #[inline]
@@ -130,7 +156,7 @@ impl CountMinSketch {
             width,
             depth,
             total: 0,
-            cells: Cells::Narrow(vec![0; width as usize * depth as usize]),
+            cells: Cells::Small(vec![0; width as usize * depth as usize]),
         }
     }
 
@@ -167,6 +193,7 @@ impl CountMinSketch {
 
     pub fn heap_bytes(&self) -> usize {
         match &self.cells {
+            Cells::Small(c) => c.capacity() * 2,
             Cells::Narrow(c) => c.capacity() * 4,
             Cells::Wide(c) => c.capacity() * 8,
         }
@@ -174,12 +201,26 @@ impl CountMinSketch {
 
     /// Raises the total to `total`, widening the cells first if it passes 32 bits.
     fn grow_total(&mut self, total: u64) {
-        if total > NARROW_MAX
-            && let Cells::Narrow(cells) = &self.cells
-        {
-            self.cells = Cells::Wide(cells.iter().map(|c| u64::from(*c)).collect());
+        if total > NARROW_MAX {
+            self.widen_to(NARROW_MAX + 1);
         }
         self.total = total;
+    }
+
+    /// Widens the cells, if they are narrower, to a type that holds `value`.
+    fn widen_to(&mut self, value: u64) {
+        self.cells = match &self.cells {
+            Cells::Small(c) if value > NARROW_MAX => {
+                Cells::Wide(c.iter().map(|c| u64::from(*c)).collect())
+            }
+            Cells::Small(c) if value > SMALL_MAX => {
+                Cells::Narrow(c.iter().map(|c| u32::from(*c)).collect())
+            }
+            Cells::Narrow(c) if value > NARROW_MAX => {
+                Cells::Wide(c.iter().map(|c| u64::from(*c)).collect())
+            }
+            _ => return,
+        };
     }
 
     /// Adds `cost` for the key with `hash` and returns the key's new estimate.
@@ -196,16 +237,28 @@ impl CountMinSketch {
     pub fn add_bounded(&mut self, hash: u64, cost: u64, upper: u64) -> u64 {
         self.grow_total(self.total.saturating_add(cost));
         let shape = (self.width, self.depth);
-        match &mut self.cells {
+        let added = match &mut self.cells {
+            Cells::Small(cells) => add_conservative(cells, shape, hash, cost, upper),
             Cells::Narrow(cells) => add_conservative(cells, shape, hash, cost, upper),
             Cells::Wide(cells) => add_conservative(cells, shape, hash, cost, upper),
-        }
+        };
+        added.unwrap_or_else(|| {
+            // 16 bits too few for the new estimate; the total already fits the cells widened.
+            self.widen_to(SMALL_MAX + 1);
+            match &mut self.cells {
+                Cells::Small(cells) => add_conservative(cells, shape, hash, cost, upper),
+                Cells::Narrow(cells) => add_conservative(cells, shape, hash, cost, upper),
+                Cells::Wide(cells) => add_conservative(cells, shape, hash, cost, upper),
+            }
+            .unwrap_or(u64::MAX)
+        })
     }
 
     /// Estimated count of the key with `hash`; never below the true count.
     #[inline]
     pub fn estimate(&self, hash: u64) -> u64 {
         match &self.cells {
+            Cells::Small(cells) => estimate_in(cells, self.width, self.depth, hash),
             Cells::Narrow(cells) => estimate_in(cells, self.width, self.depth, hash),
             Cells::Wide(cells) => estimate_in(cells, self.width, self.depth, hash),
         }
@@ -214,7 +267,10 @@ impl CountMinSketch {
     /// Adds another sketch of the same shape cell by cell.
     pub fn merge_from(&mut self, other: &CountMinSketch) {
         debug_assert_eq!((self.width, self.depth), (other.width, other.depth));
-        self.grow_total(self.total.saturating_add(other.total));
+        let total = self.total.saturating_add(other.total);
+        // A cell of the sum is at most the sum of the totals.
+        self.widen_to(total);
+        self.grow_total(total);
         self.combine(other, u64::saturating_add);
     }
 
@@ -227,8 +283,13 @@ impl CountMinSketch {
 
     fn combine(&mut self, other: &CountMinSketch, op: impl Fn(u64, u64) -> u64) {
         match (&mut self.cells, &other.cells) {
+            (Cells::Small(a), Cells::Small(b)) => combine(a, b, op),
+            (Cells::Small(a), Cells::Narrow(b)) => combine(a, b, op),
+            (Cells::Small(a), Cells::Wide(b)) => combine(a, b, op),
+            (Cells::Narrow(a), Cells::Small(b)) => combine(a, b, op),
             (Cells::Narrow(a), Cells::Narrow(b)) => combine(a, b, op),
             (Cells::Narrow(a), Cells::Wide(b)) => combine(a, b, op),
+            (Cells::Wide(a), Cells::Small(b)) => combine(a, b, op),
             (Cells::Wide(a), Cells::Narrow(b)) => combine(a, b, op),
             (Cells::Wide(a), Cells::Wide(b)) => combine(a, b, op),
         }
@@ -240,6 +301,7 @@ impl CountMinSketch {
             depth: self.depth,
             total: self.total,
             cells: match &self.cells {
+                Cells::Small(c) => c.iter().map(|c| u64::from(*c)).collect(),
                 Cells::Narrow(c) => c.iter().map(|c| u64::from(*c)).collect(),
                 Cells::Wide(c) => c.clone(),
             },
@@ -253,11 +315,14 @@ impl CountMinSketch {
             && s.depth == depth
             && s.cells.len() == width as usize * depth as usize;
         let narrow = s.total <= NARROW_MAX && s.cells.iter().all(|c| *c <= s.total);
+        let small = narrow && s.cells.iter().all(|c| *c <= SMALL_MAX);
         fits.then(|| Self {
             width,
             depth,
             total: s.total,
-            cells: if narrow {
+            cells: if small {
+                Cells::Small(s.cells.iter().map(|c| *c as u16).collect())
+            } else if narrow {
                 Cells::Narrow(s.cells.iter().map(|c| *c as u32).collect())
             } else {
                 Cells::Wide(s.cells.clone())
@@ -268,8 +333,9 @@ impl CountMinSketch {
     pub fn clear(&mut self) {
         self.total = 0;
         match &mut self.cells {
-            Cells::Narrow(c) => c.fill(0),
-            Cells::Wide(c) => self.cells = Cells::Narrow(vec![0; c.len()]),
+            Cells::Small(c) => c.fill(0),
+            Cells::Narrow(c) => self.cells = Cells::Small(vec![0; c.len()]),
+            Cells::Wide(c) => self.cells = Cells::Small(vec![0; c.len()]),
         }
     }
 
@@ -381,10 +447,42 @@ mod tests {
         let restored = CountMinSketch::from_cells(&bucket.to_cells(), 16, 3);
         assert_eq!(restored.as_ref(), Some(&bucket));
         bucket.clear();
-        assert!(matches!(bucket.cells, Cells::Narrow(_)));
+        assert!(matches!(bucket.cells, Cells::Small(_)));
         let mut small = CountMinSketch::new(16, 3);
         small.add(a, 3);
         let restored = CountMinSketch::from_cells(&small.to_cells(), 16, 3);
         assert_eq!(restored, Some(small));
+    }
+
+    #[test]
+    fn cells_stay_16_bits_until_an_estimate_or_a_sums_total_would_pass_them() {
+        let keys: Vec<u64> = (0..2000).map(|i| key_hash(0, &format!("k{i}"))).collect();
+        let mut bucket = CountMinSketch::new(4096, 3);
+        // A total past 16 bits spread over many keys: no cell needs more.
+        for _ in 0..40 {
+            for &key in &keys {
+                bucket.add(key, 1);
+            }
+        }
+        assert!(bucket.total() > SMALL_MAX);
+        assert!(matches!(bucket.cells, Cells::Small(_)));
+        assert_eq!(bucket.heap_bytes(), 4096 * 3 * 2);
+        let restored = CountMinSketch::from_cells(&bucket.to_cells(), 4096, 3);
+        assert_eq!(restored.as_ref(), Some(&bucket));
+        // One estimate past 16 bits widens the cells first, every count kept.
+        assert!(bucket.add(keys[0], 70_000) >= 70_040);
+        assert!(matches!(bucket.cells, Cells::Narrow(_)));
+        assert!(keys[1..].iter().all(|&key| bucket.estimate(key) >= 40));
+        // A sum of small sketches widens once its total could put a cell past 16 bits.
+        let mut part = CountMinSketch::new(4096, 3);
+        part.add(keys[1], 40_000);
+        let mut window = CountMinSketch::new(4096, 3);
+        window.merge_from(&part);
+        assert!(matches!(window.cells, Cells::Small(_)));
+        window.merge_from(&part);
+        assert!(matches!(window.cells, Cells::Narrow(_)));
+        assert!(window.estimate(keys[1]) >= 80_000);
+        window.subtract(&part);
+        assert!(window.estimate(keys[1]) >= 40_000);
     }
 }
