@@ -236,22 +236,22 @@ impl CountMinSketch {
     #[inline]
     pub fn add_bounded(&mut self, hash: u64, cost: u64, upper: u64) -> u64 {
         self.grow_total(self.total.saturating_add(cost));
+        self.add_in_cells(hash, cost, upper).unwrap_or_else(|| {
+            // 16 bits too few for the new estimate; the total already fits the cells widened.
+            self.widen_to(SMALL_MAX + 1);
+            self.add_in_cells(hash, cost, upper).unwrap_or(u64::MAX)
+        })
+    }
+
+    /// [`add_conservative`] on the cells as they are: `None` if they are too narrow.
+    #[inline(always)]
+    fn add_in_cells(&mut self, hash: u64, cost: u64, upper: u64) -> Option<u64> {
         let shape = (self.width, self.depth);
-        let added = match &mut self.cells {
+        match &mut self.cells {
             Cells::Small(cells) => add_conservative(cells, shape, hash, cost, upper),
             Cells::Narrow(cells) => add_conservative(cells, shape, hash, cost, upper),
             Cells::Wide(cells) => add_conservative(cells, shape, hash, cost, upper),
-        };
-        added.unwrap_or_else(|| {
-            // 16 bits too few for the new estimate; the total already fits the cells widened.
-            self.widen_to(SMALL_MAX + 1);
-            match &mut self.cells {
-                Cells::Small(cells) => add_conservative(cells, shape, hash, cost, upper),
-                Cells::Narrow(cells) => add_conservative(cells, shape, hash, cost, upper),
-                Cells::Wide(cells) => add_conservative(cells, shape, hash, cost, upper),
-            }
-            .unwrap_or(u64::MAX)
-        })
+        }
     }
 
     /// Estimated count of the key with `hash`; never below the true count.
@@ -270,7 +270,7 @@ impl CountMinSketch {
         let total = self.total.saturating_add(other.total);
         // A cell of the sum is at most the sum of the totals.
         self.widen_to(total);
-        self.grow_total(total);
+        self.total = total;
         self.combine(other, u64::saturating_add);
     }
 
