@@ -243,7 +243,8 @@ impl CountMinSketch {
         })
     }
 
-    /// [`add_conservative`] on the cells as they are: `None` if they are too narrow.
+    /// [`add_conservative`] on the cells as they are: `None` if they are too narrow. Forced in
+    /// line: the compiler kept it out of line, and every update paid a call for it.
     #[inline(always)]
     fn add_in_cells(&mut self, hash: u64, cost: u64, upper: u64) -> Option<u64> {
         let shape = (self.width, self.depth);
