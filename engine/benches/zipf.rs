@@ -1,7 +1,8 @@
 //! Engine benchmark on a Zipf stream, one core, every contender in the same process.
 //!
 //! `cargo bench -p topk-engine --bench zipf` (env `ZIPF_EVENTS`, `ZIPF_KEYS`, `ZIPF_ROUNDS` to
-//! resize, `ZIPF_ONLY=exact` to run one contender next to the reference).
+//! resize, `ZIPF_ONLY=exact` to run one contender next to the reference, `ZIPF_BATCH` for the
+//! events `topk` looks ahead at a time, 64 by default as in a worker, 0 for none).
 //! Prints a Markdown table: events/s (best round), ratio to a plain FxHashMap increment loop over
 //! the same stream (the physical reference; the median of per-round ratios, each against a
 //! reference run just before the contender's, and their range), heap growth, recall@100/@1000
@@ -21,7 +22,7 @@ use rand::RngExt;
 use rand::SeedableRng;
 use rustc_hash::FxHashMap;
 use topk_engine::candidates::CandidateSet;
-use topk_engine::shard::ShardCounter;
+use topk_engine::shard::{LookedAhead, ShardCounter};
 use topk_engine::sketch::CountMinSketch;
 use topk_engine::{EngineConfig, Mode, SketchParams, WindowConfig};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -63,6 +64,8 @@ const EPSILON: f64 = 0.0001;
 const DELTA: f64 = 0.01;
 const START_MS: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z, minute aligned
 const CANDIDATES: usize = 1000;
+/// Events looked ahead at a time: a worker's batch of messages.
+const BATCH: usize = 64;
 
 /// The events' keys one after the other, as a batch of messages carries them: every contender
 /// reads each event's key where the event is, and only a structure of its own that refers back
@@ -87,6 +90,10 @@ impl Stream {
 
     fn len(&self) -> usize {
         self.starts.len() - 1
+    }
+
+    fn key(&self, i: usize) -> &str {
+        &self.text[self.starts[i] as usize..self.starts[i + 1] as usize]
     }
 
     fn keys(&self) -> impl Iterator<Item = &str> {
@@ -151,13 +158,33 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
     let mut shard = ShardCounter::new(&cfg, 0);
     let mut next_boundary = START_MS + BUCKET_MS;
     let step = HOUR_MS as f64 / s.len() as f64;
-    for (i, key) in s.keys().enumerate() {
+    let mut count = |shard: &mut ShardCounter, i: usize, looked: LookedAhead| {
         let t = s.time(i, step);
         if t >= next_boundary {
             shard.advance(t);
             next_boundary = t - t % BUCKET_MS + BUCKET_MS;
         }
-        shard.add("", key, t, 1).unwrap();
+        shard
+            .add_looked_ahead("", s.key(i), looked, t, 1, || true)
+            .unwrap();
+    };
+    // As a worker counts a batch of messages: every key looked ahead first (exact mode).
+    let batch = env_usize("ZIPF_BATCH", BATCH);
+    if batch == 0 || !shard.looks_ahead() {
+        for i in 0..s.len() {
+            count(&mut shard, i, LookedAhead::default());
+        }
+    } else {
+        let mut ahead = vec![LookedAhead::default(); batch];
+        for base in (0..s.len()).step_by(batch) {
+            let end = (base + batch).min(s.len());
+            for (looked, i) in ahead.iter_mut().zip(base..end) {
+                *looked = shard.look_ahead("", s.key(i));
+            }
+            for (i, &looked) in (base..end).zip(&ahead) {
+                count(&mut shard, i, looked);
+            }
+        }
     }
     shard.advance(START_MS + HOUR_MS);
     let summary = shard.summary(0, START_MS + HOUR_MS);

@@ -134,7 +134,7 @@ impl ApproxWindow {
         hash: u64,
         key: &str,
         cost: u64,
-        owns: &mut impl FnMut() -> bool,
+        owns: &mut dyn FnMut() -> bool,
     ) -> Added {
         let idx = self.bucket_finder.index(time_ms);
         if idx < self.closed_through {

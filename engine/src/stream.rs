@@ -13,7 +13,7 @@ use crate::error::EngineError;
 use crate::event::{Event, RejectReason};
 use crate::partition::shard_for;
 use crate::pipeline::check_event;
-use crate::shard::ShardCounter;
+use crate::shard::{LookedAhead, ShardCounter};
 use crate::snapshot::ShardSnapshot;
 use crate::summary::{PointCount, ShardSummary};
 use crate::trend::Trend;
@@ -173,11 +173,11 @@ impl ShardStream {
         by_events.max(self.watermark_floor)
     }
 
-    /// See [`ShardCounter::prefetch`]: a worker calls it for the next event of a batch before
-    /// it counts the current one.
+    /// See [`ShardCounter::look_ahead`]: a worker calls it for every event of a batch before
+    /// it counts the first.
     #[inline]
-    pub fn prefetch(&self, event: &Event<'_>) {
-        self.counter.prefetch(&event.scope, &event.key);
+    pub fn look_ahead(&self, event: &Event<'_>) -> LookedAhead {
+        self.counter.look_ahead(&event.scope, &event.key)
     }
 
     /// Validates and counts one event; summaries of windows whose boundary the watermark
@@ -187,6 +187,17 @@ impl ShardStream {
     pub fn ingest(
         &mut self,
         event: &Event<'_>,
+        now_ms: i64,
+        out: &mut Vec<ShardSummary>,
+    ) -> Result<IdCheck, RejectReason> {
+        self.ingest_looked_ahead(event, LookedAhead::default(), now_ms, out)
+    }
+
+    /// [`Self::ingest`] with what [`Self::look_ahead`] returned for the event.
+    pub fn ingest_looked_ahead(
+        &mut self,
+        event: &Event<'_>,
+        ahead: LookedAhead,
         now_ms: i64,
         out: &mut Vec<ShardSummary>,
     ) -> Result<IdCheck, RejectReason> {
@@ -203,8 +214,14 @@ impl ShardStream {
                 Err(RejectReason::WrongShard)
             };
         }
-        self.counter
-            .add_owned(&event.scope, &event.key, event.time_ms, event.cost, owned)?;
+        self.counter.add_looked_ahead(
+            &event.scope,
+            &event.key,
+            ahead,
+            event.time_ms,
+            event.cost,
+            owned,
+        )?;
         // Counting before publishing gives the same summaries: the event's bucket ends after
         // its time, so the watermark it raises cannot close that bucket.
         if self.max_event_ms.is_none_or(|t| event.time_ms > t) {

@@ -26,6 +26,7 @@ use topk_api::record::SummaryRecord;
 use topk_api::report::{LossKind, ShardLoss};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason};
+use topk_engine::shard::LookedAhead;
 use topk_engine::stream::ShardStream;
 use topk_engine::{EngineConfig, ShardSummary};
 
@@ -249,23 +250,28 @@ impl InputPosition {
     }
 }
 
-/// The event of a message of an owned shard, parsed before its turn, with its key's record
-/// prefetched; `None` for no message, a consumer error or a shard not owned.
+/// A message's event, parsed before any message of its batch is counted, with what counting its
+/// key will need worked out and requested from memory ([`ShardStream::look_ahead`]).
+type ParsedAhead<'m> = Result<(Event<'m>, LookedAhead), RejectReason>;
+
+/// The event of a message of an owned shard, parsed ahead; `None` for a consumer error or a
+/// shard not owned.
 fn parse_ahead<'m>(
-    msg: Option<&'m InputMessage<'_>>,
+    msg: &'m InputMessage<'_>,
     owned: &mut BTreeMap<u32, Owned>,
     streams: &BTreeMap<u32, ShardStream>,
-) -> Option<Result<Event<'m>, RejectReason>> {
-    let msg = msg?;
+) -> Option<ParsedAhead<'m>> {
     if msg.error().is_some() {
         return None;
     }
     let shard = msg.partition() as u32;
-    let parsed = owned.get_mut(&shard)?.parser.parse(msg.payload());
-    if let (Ok(event), Some(stream)) = (&parsed, streams.get(&shard)) {
-        stream.prefetch(event);
-    }
-    Some(parsed)
+    let event = owned.get_mut(&shard)?.parser.parse(msg.payload());
+    Some(event.map(|event| {
+        let ahead = streams
+            .get(&shard)
+            .map_or_else(LookedAhead::default, |stream| stream.look_ahead(&event));
+        (event, ahead)
+    }))
 }
 
 impl Sink {
@@ -305,12 +311,14 @@ impl Sink {
         let streams = &mut *locked;
         let mut new = 0;
         let mut out_of_range = Vec::new();
-        // Each message is parsed one step before its turn and its key's record prefetched, so
-        // that the cache miss on the record overlaps counting the message before it.
-        let mut next = parse_ahead(messages.first(), owned, streams);
-        for (at, msg) in messages.iter().enumerate() {
-            let parsed =
-                std::mem::replace(&mut next, parse_ahead(messages.get(at + 1), owned, streams));
+        // Every message is parsed, and its key looked ahead, before the first is counted: the
+        // cache misses on the batch's key records overlap instead of stalling each message in
+        // turn (the zipf bench's exact row: see the README).
+        let parsed: Vec<_> = messages
+            .iter()
+            .map(|msg| parse_ahead(msg, owned, streams))
+            .collect();
+        for (msg, parsed) in messages.iter().zip(parsed) {
             if msg.is_offset_out_of_range() {
                 out_of_range.push(msg.partition() as u32);
                 continue;
@@ -335,7 +343,7 @@ impl Sink {
     fn handle(
         &self,
         msg: &InputMessage<'_>,
-        parsed: Option<Result<Event<'_>, RejectReason>>,
+        parsed: Option<ParsedAhead<'_>>,
         now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
         streams: &mut BTreeMap<u32, ShardStream>,
@@ -357,8 +365,13 @@ impl Sink {
         // decides as the first run did; only a record without one falls back to the clock.
         let reference_ms = msg.timestamp_ms().unwrap_or(now_ms);
         let outcome = parsed
-            .unwrap_or_else(|| owned.parser.parse(payload))
-            .and_then(|event| stream.ingest(&event, reference_ms, summaries));
+            .unwrap_or_else(|| {
+                let event = owned.parser.parse(payload)?;
+                Ok((event, LookedAhead::default()))
+            })
+            .and_then(|(event, ahead)| {
+                stream.ingest_looked_ahead(&event, ahead, reference_ms, summaries)
+            });
         match outcome {
             Ok(check) => metrics.deduped(check),
             Err(reason) => {
