@@ -92,10 +92,6 @@ impl Stream {
         self.starts.len() - 1
     }
 
-    fn key(&self, i: usize) -> &str {
-        &self.text[self.starts[i] as usize..self.starts[i + 1] as usize]
-    }
-
     fn keys(&self) -> impl Iterator<Item = &str> {
         self.starts
             .windows(2)
@@ -158,31 +154,34 @@ fn engine(s: &Stream, mode: Mode) -> Vec<(u32, u64)> {
     let mut shard = ShardCounter::new(&cfg, 0);
     let mut next_boundary = START_MS + BUCKET_MS;
     let step = HOUR_MS as f64 / s.len() as f64;
-    let mut count = |shard: &mut ShardCounter, i: usize, looked: LookedAhead| {
+    let mut count = |shard: &mut ShardCounter, i: usize, key: &str, looked: LookedAhead| {
         let t = s.time(i, step);
         if t >= next_boundary {
             shard.advance(t);
             next_boundary = t - t % BUCKET_MS + BUCKET_MS;
         }
         shard
-            .add_looked_ahead("", s.key(i), looked, t, 1, || true)
+            .add_looked_ahead("", key, looked, t, 1, || true)
             .unwrap();
     };
     // As a worker counts a batch of messages: every key looked ahead first (exact mode).
     let batch = env_usize("ZIPF_BATCH", BATCH);
     if batch == 0 || !shard.looks_ahead() {
-        for i in 0..s.len() {
-            count(&mut shard, i, LookedAhead::default());
+        for (i, key) in s.keys().enumerate() {
+            count(&mut shard, i, key, LookedAhead::default());
         }
     } else {
-        let mut ahead = vec![LookedAhead::default(); batch];
+        let mut ahead = Vec::with_capacity(batch);
+        let mut keys = s.keys();
         for base in (0..s.len()).step_by(batch) {
-            let end = (base + batch).min(s.len());
-            for (looked, i) in ahead.iter_mut().zip(base..end) {
-                *looked = shard.look_ahead("", s.key(i));
-            }
-            for (i, &looked) in (base..end).zip(&ahead) {
-                count(&mut shard, i, looked);
+            ahead.clear();
+            ahead.extend(
+                keys.by_ref()
+                    .take(batch)
+                    .map(|key| (key, shard.look_ahead("", key))),
+            );
+            for (i, &(key, looked)) in (base..).zip(&ahead) {
+                count(&mut shard, i, key, looked);
             }
         }
     }

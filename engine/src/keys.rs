@@ -283,17 +283,42 @@ impl KeyTable {
     }
 
     /// Starts loading the record of the key with this hash (and of any other key whose index
-    /// tag matches), so that a [`KeyTable::find`] soon after does not wait for memory.
+    /// tag matches), so that a lookup soon after does not wait for memory; returns the first
+    /// such id, for [`KeyTable::find_from`] to try before the index.
     #[inline]
-    pub(crate) fn prefetch(&self, hash: u64) {
+    pub(crate) fn prefetch(&self, hash: u64) -> Option<u32> {
         let records = &self.records;
+        let mut first = None;
         let found = self.index.find(hash, |&id| {
             if let Some(record) = records.get(id as usize) {
                 prefetch(record);
+                first.get_or_insert(id);
             }
             false
         });
         debug_assert!(found.is_none());
+        first
+    }
+
+    /// [`KeyTable::find`], trying `guess` (an id [`KeyTable::prefetch`] returned, perhaps
+    /// since freed or reused) first: a live record of the same scope and key is the key's.
+    #[inline]
+    pub(crate) fn find_from(
+        &self,
+        guess: Option<u32>,
+        hash: u64,
+        scope: u32,
+        key: &str,
+    ) -> Option<u32> {
+        if let Some(id) = guess
+            && let Some(r) = self.records.get(id as usize)
+            && r.refs > 0
+            && r.scope == scope
+            && same_bytes(r.key.as_bytes(), key.as_bytes())
+        {
+            return Some(id);
+        }
+        self.find(hash, scope, key)
     }
 
     /// Creates an id, with no references, for a key that [`KeyTable::find`] did not find.
@@ -448,6 +473,31 @@ mod tests {
         let b = t.intern(key_hash(0, "b"), 0, "b");
         assert_eq!(b, a, "freed id is reused");
         assert_eq!(t.key(b), "b");
+    }
+
+    #[test]
+    fn a_looked_ahead_id_is_trusted_only_while_it_is_still_the_keys() {
+        let mut t = KeyTable::new(1);
+        let (ha, hb, hempty) = (key_hash(0, "a"), key_hash(0, "b"), key_hash(0, ""));
+        let a = t.intern(ha, 0, "a");
+        t.incref(a);
+        let guess = t.prefetch(ha);
+        assert_eq!(guess, Some(a));
+        assert_eq!(t.find_from(guess, ha, 0, "a"), Some(a));
+        assert_eq!(t.find_from(guess, ha, 1, "a"), None, "another scope's key");
+        // Freed: its record is empty, like an empty key of the global scope.
+        t.decref(a);
+        assert_eq!(t.find_from(guess, ha, 0, "a"), None);
+        assert_eq!(t.find_from(guess, hempty, 0, ""), None);
+        // Reused by another key, which the guess then finds, and "a" comes back elsewhere.
+        let b = t.intern(hb, 0, "b");
+        t.incref(b);
+        assert_eq!(b, a);
+        assert_eq!(t.find_from(guess, ha, 0, "a"), None);
+        assert_eq!(t.find_from(guess, hb, 0, "b"), Some(b));
+        let a_again = t.intern(ha, 0, "a");
+        t.incref(a_again);
+        assert_eq!(t.find_from(guess, ha, 0, "a"), Some(a_again));
     }
 
     #[test]

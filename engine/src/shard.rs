@@ -31,6 +31,7 @@ enum State {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LookedAhead {
     hash: Option<u64>,
+    id: Option<u32>,
 }
 
 #[derive(Clone)]
@@ -142,8 +143,11 @@ impl ShardCounter {
             None => scope_seed(scope),
         };
         let hash = key_hash(seed, key);
-        keys.prefetch(hash);
-        LookedAhead { hash: Some(hash) }
+        let id = keys.prefetch(hash);
+        LookedAhead {
+            hash: Some(hash),
+            id,
+        }
     }
 
     /// Whether [`Self::look_ahead`] does anything (exact mode): a caller with nothing else to
@@ -216,7 +220,7 @@ impl ShardCounter {
         let mut missed = 0;
         match &mut self.state {
             State::Exact { keys, windows } => {
-                let (id, fresh) = match keys.find(hash, scope_id, key) {
+                let (id, fresh) = match keys.find_from(ahead.id, hash, scope_id, key) {
                     Some(id) => (id, false),
                     None if admit() => (keys.insert(hash, scope_id, key), true),
                     None => return Err(RejectReason::WrongShard),
