@@ -25,9 +25,10 @@ enum State {
     },
 }
 
-/// What [`ShardCounter::look_ahead`] worked out for an event before its turn: the key's hash
-/// when the mode has a use for it. The hash depends on the scope's name and the key only, so it
-/// stays right whatever the shard counts in between.
+/// What [`ShardCounter::look_ahead`] worked out for an event before its turn, when the mode has
+/// a use for it: the key's hash, which depends on the scope's name and the key only and so stays
+/// right whatever the shard counts in between, and the id of the record it requested, which
+/// counting only tries (it may have been freed or reused in between).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LookedAhead {
     hash: Option<u64>,
