@@ -39,6 +39,20 @@ fn config(mode: Mode) -> EngineConfig {
     }
 }
 
+/// Exact, or approximate with a sketch small enough that candidates are evicted and estimates
+/// collide.
+fn mode(approximate: bool) -> Mode {
+    if approximate {
+        Mode::Approximate(SketchParams {
+            epsilon: 0.05,
+            delta: 0.1,
+            candidates: 5,
+        })
+    } else {
+        Mode::Exact
+    }
+}
+
 fn event(time_ms: i64, scope: u8, key: u8, cost: u64) -> Event<'static> {
     Event {
         event_id: None,
@@ -110,7 +124,7 @@ proptest! {
 
     #[test]
     fn approximate_restore_keeps_the_state(input in inputs(), cut in 0usize..300) {
-        let cfg = config(Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.1, candidates: 5 }));
+        let cfg = config(mode(true));
         let cut = cut.min(input.len());
         let mut stream = ShardStream::new(&cfg, 0);
         let mut out = Vec::new();
@@ -129,11 +143,7 @@ proptest! {
         cut in 0usize..300,
         approximate in any::<bool>(),
     ) {
-        let mode = if approximate {
-            Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.1, candidates: 5 })
-        } else {
-            Mode::Exact
-        };
+        let mode = mode(approximate);
         let cfg = EngineConfig { shards: 3, ..config(mode) };
         let owns = |&(_, s, k, _): &(i64, u8, u8, u64)| {
             let e = event(0, s, k, 1);
@@ -180,11 +190,7 @@ proptest! {
         batches in proptest::collection::vec(1usize..70, 1..20),
         approximate in any::<bool>(),
     ) {
-        let mode = if approximate {
-            Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.1, candidates: 5 })
-        } else {
-            Mode::Exact
-        };
+        let mode = mode(approximate);
         // Two shards, so that some events are refused as another shard's.
         let cfg = EngineConfig { shards: 2, ..config(mode) };
         let mut single = ShardStream::new(&cfg, 0);
@@ -222,12 +228,7 @@ proptest! {
 /// candidate of its window's newest bucket (a newer bucket asks again).
 #[test]
 fn the_partitioner_is_asked_about_a_key_until_it_came_in_owned() {
-    let approximate = Mode::Approximate(SketchParams {
-        epsilon: 0.05,
-        delta: 0.1,
-        candidates: 5,
-    });
-    for (mode, asked_in_next_bucket) in [(Mode::Exact, 0), (approximate, 1)] {
+    for (mode, asked_in_next_bucket) in [(mode(false), 0), (mode(true), 1)] {
         let mut shard = topk_engine::shard::ShardCounter::new(&config(mode), 0);
         let asked = std::cell::Cell::new(0);
         let mut add_at = |time_ms: i64, key: &str, owned: bool| {
@@ -266,11 +267,7 @@ fn a_snapshot_under_another_configuration_is_refused() {
     other.windows[0] = WindowConfig::sliding("short", 60, 10);
     let err = ShardStream::restore(&other, &snap).err().expect("refused");
     assert!(err.to_string().contains("another configuration"), "{err}");
-    let approx = config(Mode::Approximate(SketchParams {
-        epsilon: 0.05,
-        delta: 0.1,
-        candidates: 5,
-    }));
+    let approx = config(mode(true));
     assert!(ShardStream::restore(&approx, &snap).is_err());
 }
 
@@ -296,11 +293,7 @@ proptest! {
         cut in 0usize..400,
         approximate in any::<bool>(),
     ) {
-        let mode = if approximate {
-            Mode::Approximate(SketchParams { epsilon: 0.05, delta: 0.1, candidates: 5 })
-        } else {
-            Mode::Exact
-        };
+        let mode = mode(approximate);
         let mut cfg = config(mode);
         cfg.windows.truncate(2); // no all-time window: scopes can expire
         let cut = cut.min(input.len());
