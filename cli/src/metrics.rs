@@ -6,11 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use topk_engine::{IngestOutcome, RejectReason};
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
+use topk_runtime::probes::{CodeLabel, ReasonLabel};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WindowLabel {
@@ -29,7 +25,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// `requests` is the query API's response counter (by status code).
-    pub fn new(requests: Family<topk_query::CodeLabel, Counter>) -> Self {
+    pub fn new(requests: Family<CodeLabel, Counter>) -> Self {
         let mut registry = Registry::with_prefix("topk");
         registry.register("requests", "Query API responses by status code", requests);
         let events_accepted = Counter::default();

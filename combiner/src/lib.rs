@@ -43,9 +43,10 @@ use topk_runtime::output::{DeliveryCounter, dead_letter, send};
 use topk_runtime::probes::{self, Probes};
 
 pub use error::Error;
-use metrics::{Metrics, OutcomeLabel, ReasonLabel};
+use metrics::Metrics;
 use prometheus_client::metrics::counter::Counter;
 use sums::Sums;
+use topk_runtime::probes::{OutcomeLabel, ReasonLabel};
 
 /// What combiner `ordinal` runs by.
 #[derive(Debug, Clone)]

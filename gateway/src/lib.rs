@@ -40,7 +40,8 @@ use topk_runtime::probes::{self, Probes};
 
 pub use body::{BodyError, BodyFormat, events};
 pub use error::Error;
-use metrics::{CodeLabel, Metrics, OutcomeLabel, ReasonLabel};
+use metrics::Metrics;
+use topk_runtime::probes::{CodeLabel, OutcomeLabel, ReasonLabel};
 
 /// What the gateway runs by.
 #[derive(Debug, Clone)]

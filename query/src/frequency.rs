@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use topk_api::frequency::{FrequencyAnswer, MAX_KEYS, answer_from};
 use topk_engine::Pipeline;
 
-use crate::CodeLabel;
+use topk_runtime::probes::CodeLabel;
 
 /// Longest key a request may name: longer ones are never counted (the spec caps keys lower).
 pub const MAX_KEY_BYTES: usize = 4096;

@@ -25,14 +25,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::json;
 use topk_api::{RankingIndexEntry, RankingRecord};
-
-use prometheus_client::encoding::EncodeLabelSet;
-
-/// The label of the responses counter: the HTTP status code.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodeLabel {
-    pub code: u16,
-}
+use topk_runtime::probes::CodeLabel;
 
 /// The stored, immutable versions of every list, for `?version=` and `?asOf=`.
 pub trait History: Send + Sync {

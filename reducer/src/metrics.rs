@@ -10,15 +10,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use topk_api::record::ExactHourManifest;
 use topk_api::rollback::RollbackResult;
-use topk_query::CodeLabel;
+use topk_runtime::probes::{CodeLabel, OutcomeLabel};
 
 use crate::state::Outcome;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: &'static str,
-}
-
+/// An exact recount's rejection reason, as its manifest names it (text read back from the
+/// recount's output, hence owned).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,

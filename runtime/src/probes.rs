@@ -7,6 +7,7 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -17,6 +18,24 @@ pub struct Probes {
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
     /// What a 503 says the process is waiting for.
     pub waiting: &'static str,
+}
+
+/// The label of counters of what became of something (an event, a flush, a summary).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+/// The label of counters of things refused, by why (an event's `RejectReason`, say).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// The label of HTTP response counters: the status code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: u16,
 }
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

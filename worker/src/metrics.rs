@@ -8,12 +8,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use topk_engine::RejectReason;
 use topk_engine::dedupe::IdCheck;
-use topk_query::CodeLabel;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
+use topk_runtime::probes::{CodeLabel, OutcomeLabel, ReasonLabel};
 
 /// Where a shard's state came from when this worker took it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,11 +48,6 @@ pub struct KindLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
