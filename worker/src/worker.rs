@@ -328,6 +328,8 @@ impl Sink {
                 tracing::warn!(%err, "consumer error");
                 continue;
             }
+            // None only for a shard not owned: nothing of it is counted here.
+            let Some(parsed) = parsed else { continue };
             new += u64::from(self.handle(msg, parsed, now_ms, owned, streams, summaries)?);
         }
         RwLockWriteGuard::unlock_fair(locked);
@@ -343,7 +345,7 @@ impl Sink {
     fn handle(
         &self,
         msg: &InputMessage<'_>,
-        parsed: Option<ParsedAhead<'_>>,
+        parsed: ParsedAhead<'_>,
         now_ms: i64,
         owned: &mut BTreeMap<u32, Owned>,
         streams: &mut BTreeMap<u32, ShardStream>,
@@ -364,14 +366,9 @@ impl Sink {
         // Future times are judged against the record's own timestamp, so that a replay
         // decides as the first run did; only a record without one falls back to the clock.
         let reference_ms = msg.timestamp_ms().unwrap_or(now_ms);
-        let outcome = parsed
-            .unwrap_or_else(|| {
-                let event = owned.parser.parse(payload)?;
-                Ok((event, LookedAhead::default()))
-            })
-            .and_then(|(event, ahead)| {
-                stream.ingest_looked_ahead(&event, ahead, reference_ms, summaries)
-            });
+        let outcome = parsed.and_then(|(event, ahead)| {
+            stream.ingest_looked_ahead(&event, ahead, reference_ms, summaries)
+        });
         match outcome {
             Ok(check) => metrics.deduped(check),
             Err(reason) => {
