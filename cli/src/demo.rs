@@ -10,8 +10,8 @@ use rand::{RngExt, SeedableRng};
 use rand_distr::Zipf;
 use serde_json::json;
 use topk_api::{Duration, load_manifest};
-use topk_engine::Pipeline;
 use topk_engine::trend::TRENDING;
+use topk_engine::{EngineConfig, Event, Pipeline};
 
 use crate::error::CliError;
 use crate::ingest::{Ingestor, now_ms};
@@ -19,11 +19,16 @@ use crate::run::{app_state, print_table};
 use crate::server;
 
 const DEMO_MANIFEST: &str = include_str!("demo-metric.yaml");
+/// The manifest's metric.
+const METRIC: &str = "api_requests";
 const RISING_ROUTE: &str = "GET /v1/tickets/final-2026";
 const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
 const RESOURCES: [&str; 8] = [
     "users", "orders", "products", "carts", "search", "reviews", "images", "sessions",
 ];
+/// The steady stream's routes, ranked by a Zipf distribution of this exponent.
+const ROUTES: usize = 5_000;
+const EXPONENT: f64 = 1.1;
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -42,6 +47,12 @@ pub struct DemoArgs {
     /// Seed of the generator, for a repeatable stream.
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
+    /// Counts this much of the steady stream before now first (at most the trending
+    /// baseline's ten minutes), so that the lists start full and the trending list compares
+    /// with a baseline (0s: start empty, and every route looks new until the baseline window
+    /// has filled).
+    #[arg(long, default_value = "10m", value_parser = crate::parse_duration)]
+    pub history: Duration,
 }
 
 /// The request stream: Zipf-distributed routes, plus one route whose share grows from nothing
@@ -55,7 +66,8 @@ struct Generator {
 
 impl Generator {
     fn new(seed: u64) -> Result<Self, CliError> {
-        let zipf = Zipf::new(5_000.0, 1.1).map_err(|e| CliError::Usage(e.to_string()))?;
+        let zipf =
+            Zipf::new(ROUTES as f64, EXPONENT).map_err(|e| CliError::Usage(e.to_string()))?;
         Ok(Self {
             rng: StdRng::seed_from_u64(seed),
             zipf,
@@ -75,28 +87,104 @@ impl Generator {
         let key = if self.rng.random_bool(self.trending_share()) {
             RISING_ROUTE.to_owned()
         } else {
-            let rank = self.rng.sample(self.zipf) as usize;
-            // Spread ranks over resources by a multiplicative hash so that the heads differ.
-            let resource = RESOURCES[rank.wrapping_mul(0x9e37_79b9) >> 8 & (RESOURCES.len() - 1)];
-            format!("GET /v1/{resource}/{rank}")
+            route(self.rng.sample(self.zipf) as usize)
         };
         let region = REGIONS[self.rng.random_range(0..REGIONS.len())];
         let time = now - self.rng.random_range(0..500);
         for scope in ["", region] {
             out.push(
                 json!({"event_id": format!("demo-{}", self.seq), "event_time": time,
-                       "metric": "api_requests", "scope": scope, "key": key})
+                       "metric": METRIC, "scope": scope, "key": key})
                 .to_string(),
             );
         }
     }
 }
 
+/// The steady stream's route of Zipf rank `rank` (from 1).
+fn route(rank: usize) -> String {
+    // Spread ranks over resources by a multiplicative hash so that the heads differ.
+    let resource = RESOURCES[rank.wrapping_mul(0x9e37_79b9) >> 8 & (RESOURCES.len() - 1)];
+    format!("GET /v1/{resource}/{rank}")
+}
+
+/// What the steady stream (without the riser) would have brought at `rate` requests a second
+/// over the `span_ms` before `now`, a `step_ms` at a time: `emit(scope, route, time, requests)`
+/// for each route's expected requests in each region, and for their sum in the global scope.
+/// A route's fraction of a request is carried to its next step, so that rare routes get their
+/// share over time.
+fn steady_history(
+    rate: u32,
+    span_ms: i64,
+    step_ms: i64,
+    now: i64,
+    mut emit: impl FnMut(&str, &str, i64, u64),
+) {
+    let weights: Vec<f64> = (1..=ROUTES).map(|r| (r as f64).powf(-EXPONENT)).collect();
+    let total: f64 = weights.iter().sum();
+    let per_region = f64::from(rate) * step_ms as f64 / 1000.0 / total / REGIONS.len() as f64;
+    let routes: Vec<String> = (1..=ROUTES).map(route).collect();
+    let mut carried = vec![[0.0f64; REGIONS.len()]; ROUTES];
+    for step in (1..=span_ms / step_ms).rev() {
+        let time_ms = now - step * step_ms;
+        for ((key, weight), carried) in routes.iter().zip(&weights).zip(&mut carried) {
+            let mut global = 0;
+            for (region, carry) in REGIONS.iter().zip(carried) {
+                *carry += weight * per_region;
+                let requests = carry.floor();
+                *carry -= requests;
+                if requests >= 1.0 {
+                    emit(region, key, time_ms, requests as u64);
+                    global += requests as u64;
+                }
+            }
+            if global > 0 {
+                emit("", key, time_ms, global);
+            }
+        }
+    }
+}
+
+/// The span of history to count and its step: at most the trending baseline's length (what
+/// the history is for), a step of its buckets.
+fn history_span(cfg: &EngineConfig, wanted_ms: i64) -> Option<(i64, i64)> {
+    let baseline = &cfg.windows[cfg.trend()?.baseline];
+    let span = wanted_ms.min(baseline.length_ms?);
+    (span >= baseline.bucket_ms).then_some((span, baseline.bucket_ms))
+}
+
 pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     let cfg = load_manifest(DEMO_MANIFEST)?.spec.engine_config()?;
     let state = app_state(&cfg);
     let first_window = cfg.windows[0].name.clone();
+    let history = history_span(&cfg, args.history.as_millis());
     let mut ingestor = Ingestor::new(Pipeline::new(cfg)?, state.clone());
+    if let Some((span_ms, step_ms)) = history {
+        let started = Instant::now();
+        let now = now_ms();
+        steady_history(
+            args.rate,
+            span_ms,
+            step_ms,
+            now,
+            |scope, key, time_ms, cost| {
+                let event = Event {
+                    event_id: None,
+                    time_ms,
+                    metric: METRIC.into(),
+                    scope: scope.into(),
+                    key: key.into(),
+                    cost,
+                };
+                ingestor.event(&event, now);
+            },
+        );
+        tracing::info!(
+            seconds = started.elapsed().as_secs_f64(),
+            "demo: counted the {} s before now",
+            span_ms / 1000
+        );
+    }
     let (listener, addr) = server::bind(&args.listen).await?;
     tracing::info!("demo: query API listening on http://{addr}");
     println!(
@@ -150,4 +238,57 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     }
     server.abort();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// The history is what the stream would have brought over its span: its rate's requests
+    /// (less the fractions still carried), each route's Zipf share of them, the regions' sum
+    /// in the global scope, oldest step first and all of it before `now`.
+    #[test]
+    fn the_history_is_the_steady_streams_expected_requests() {
+        let (rate, span, step, now) = (20_000, 600_000, 5_000, 1_800_000_000_000);
+        let mut global: HashMap<String, u64> = HashMap::new();
+        let mut regions: HashMap<String, u64> = HashMap::new();
+        let mut last_time = now - span;
+        steady_history(rate, span, step, now, |scope, key, time_ms, requests| {
+            assert!(time_ms >= last_time && time_ms < now, "{time_ms}");
+            last_time = time_ms;
+            let sums = if scope.is_empty() {
+                &mut global
+            } else {
+                &mut regions
+            };
+            *sums.entry(key.to_owned()).or_default() += requests;
+        });
+        assert_eq!(global, regions);
+        let counted: u64 = global.values().sum();
+        let expected = u64::from(rate) * (span / 1000) as u64;
+        let carried = (ROUTES * REGIONS.len()) as u64;
+        assert!(
+            counted <= expected && counted + carried > expected,
+            "{counted}"
+        );
+        let weight = |rank: usize| (rank as f64).powf(-EXPONENT);
+        let head_share = weight(1) / (1..=ROUTES).map(weight).sum::<f64>();
+        let head = global[&route(1)] as f64;
+        assert!((head - head_share * expected as f64).abs() <= 3.0, "{head}");
+    }
+
+    #[test]
+    fn the_history_spans_at_most_the_trending_baseline_in_its_buckets() {
+        let cfg = load_manifest(DEMO_MANIFEST)
+            .unwrap()
+            .spec
+            .engine_config()
+            .unwrap();
+        assert_eq!(history_span(&cfg, 600_000), Some((600_000, 5_000)));
+        assert_eq!(history_span(&cfg, 3_600_000), Some((600_000, 5_000)));
+        assert_eq!(history_span(&cfg, 60_000), Some((60_000, 5_000)));
+        assert_eq!(history_span(&cfg, 0), None);
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use topk_engine::pipeline::Published;
-use topk_engine::{IngestOutcome, Pipeline, RejectReason};
+use topk_engine::{Event, IngestOutcome, Pipeline, RejectReason};
 use topk_query::{PointRequest, answer_with_pipeline, point_channel};
 
 use crate::metrics::WindowLabel;
@@ -69,6 +69,18 @@ impl Ingestor {
 
     pub fn line(&mut self, line: &str, now_ms: i64) -> IngestOutcome {
         let outcome = self.pipeline.ingest_line(line, now_ms, &mut self.published);
+        self.counted(outcome)
+    }
+
+    /// Counts an event made in this process rather than read.
+    pub fn event(&mut self, event: &Event<'_>, now_ms: i64) -> IngestOutcome {
+        let outcome = self
+            .pipeline
+            .ingest_event(event, now_ms, &mut self.published);
+        self.counted(outcome)
+    }
+
+    fn counted(&mut self, outcome: IngestOutcome) -> IngestOutcome {
         self.state.metrics.record(outcome);
         if !self.published.is_empty() {
             self.flush();

@@ -139,18 +139,30 @@ impl Pipeline {
         if line.trim().is_empty() {
             return IngestOutcome::Blank;
         }
-        let result = self
-            .parser
-            .parse(line.as_bytes())
-            .and_then(|event| self.ingest(&event, now_ms, out));
-        match result {
+        match self.parser.parse(line.as_bytes()) {
+            Ok(event) => self.ingest_event(&event, now_ms, out),
+            Err(reason) => self.refused(reason),
+        }
+    }
+
+    /// Counts an event made rather than parsed (checked as a parsed one is), recording a
+    /// rejection as [`Self::ingest_line`] does.
+    pub fn ingest_event(
+        &mut self,
+        event: &Event<'_>,
+        now_ms: i64,
+        out: &mut Vec<Published>,
+    ) -> IngestOutcome {
+        match self.ingest(event, now_ms, out) {
             Ok(IdCheck::Duplicate) => IngestOutcome::Duplicate,
             Ok(_) => IngestOutcome::Accepted,
-            Err(reason) => {
-                self.record_rejection(reason);
-                IngestOutcome::Rejected(reason)
-            }
+            Err(reason) => self.refused(reason),
         }
+    }
+
+    fn refused(&mut self, reason: RejectReason) -> IngestOutcome {
+        self.record_rejection(reason);
+        IngestOutcome::Rejected(reason)
     }
 
     /// Records a rejection decided outside the pipeline (e.g. input that is not UTF-8).
