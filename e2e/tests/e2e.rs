@@ -248,30 +248,22 @@ impl Cluster {
         }
         let image = std::env::var("TOPK_E2E_IMAGE").expect("TOPK_E2E_IMAGE");
         let pod = format!("produce-{}", std::process::id());
-        let mut child = Command::new("kubectl")
-            .args(["run", &pod, "-i", "--rm", "--restart=Never", "--quiet"])
-            .args([
-                "-n",
-                &self.system,
-                "--image",
-                &image,
-                "--image-pull-policy=Never",
-                "--",
-            ])
-            .args(["produce", "--bootstrap", bootstrap, "--topic", topic])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("kubectl run");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(lines.as_bytes())
-            .expect("write events");
-        let out = child.wait_with_output().expect("kubectl run");
-        assert!(out.status.success(), "topk produce failed");
-        let summary = String::from_utf8_lossy(&out.stdout);
+        let out = run_with_input(
+            Command::new("kubectl")
+                .args(["run", &pod, "-i", "--rm", "--restart=Never", "--quiet"])
+                .args([
+                    "-n",
+                    &self.system,
+                    "--image",
+                    &image,
+                    "--image-pull-policy=Never",
+                    "--",
+                ])
+                .args(["produce", "--bootstrap", bootstrap, "--topic", topic]),
+            &lines,
+            "topk produce",
+        );
+        let summary = String::from_utf8_lossy(&out);
         assert!(
             summary.contains(&format!("\"sent\":{}", events.len())),
             "{summary}"
@@ -1633,34 +1625,46 @@ async fn a_global_metric_adds_up_its_regions_and_names_a_missing_one_until_it_is
 }
 
 fn produce_unkeyed(cluster: &Cluster, topic: &str, lines: &str) {
-    let mut child = Command::new("kubectl")
-        .args([
-            "exec",
-            "-i",
-            "-n",
-            &cluster.system,
-            &cluster.kafka_pod(),
-            "--",
-        ])
-        .args([
-            "/opt/kafka/bin/kafka-console-producer.sh",
-            "--bootstrap-server",
-        ])
-        .args(["localhost:9092", "--topic", topic])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kubectl exec");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(lines.as_bytes())
-        .expect("write events");
-    assert!(
-        child.wait().expect("kubectl exec").success(),
-        "console producer failed"
+    run_with_input(
+        Command::new("kubectl")
+            .args([
+                "exec",
+                "-i",
+                "-n",
+                &cluster.system,
+                &cluster.kafka_pod(),
+                "--",
+            ])
+            .args([
+                "/opt/kafka/bin/kafka-console-producer.sh",
+                "--bootstrap-server",
+            ])
+            .args(["localhost:9092", "--topic", topic]),
+        lines,
+        "the console producer",
     );
+}
+
+/// Runs `command` with `lines` on its standard input and returns its standard output, once it
+/// has exited successfully.
+fn run_with_input(command: &mut Command, lines: &str, what: &str) -> Vec<u8> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| panic!("{what}: {err}"));
+    // Written from a thread of its own, so that a command printing as it reads cannot fill its
+    // output pipe while its input is still being written; dropped at the end, closing it.
+    let mut stdin = child.stdin.take().expect("stdin");
+    let lines = lines.to_owned();
+    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
+    let out = child.wait_with_output().expect(what);
+    writer
+        .join()
+        .expect("the input writer")
+        .expect("write events");
+    assert!(out.status.success(), "{what} failed");
+    out.stdout
 }
 
 #[tokio::test]
