@@ -1659,11 +1659,9 @@ fn run_with_input(command: &mut Command, lines: &str, what: &str) -> Vec<u8> {
     let lines = lines.to_owned();
     let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
     let out = child.wait_with_output().expect(what);
-    writer
-        .join()
-        .expect("the input writer")
-        .expect("write events");
+    let written = writer.join().expect("the input writer");
     assert!(out.status.success(), "{what} failed");
+    written.expect("write events");
     out.stdout
 }
 
