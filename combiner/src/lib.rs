@@ -40,13 +40,12 @@ use topk_engine::pipeline::check_event;
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::now_ms;
 use topk_runtime::output::{DeliveryCounter, dead_letter, send};
-use topk_runtime::probes::{self, Probes};
+use topk_runtime::probes::{self, OutcomeLabel, Probes, ReasonLabel};
 
 pub use error::Error;
 use metrics::Metrics;
 use prometheus_client::metrics::counter::Counter;
 use sums::Sums;
-use topk_runtime::probes::{OutcomeLabel, ReasonLabel};
 
 /// What combiner `ordinal` runs by.
 #[derive(Debug, Clone)]

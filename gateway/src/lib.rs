@@ -36,12 +36,11 @@ use topk_engine::partition::message_key;
 use topk_engine::pipeline::check_event;
 use topk_engine::{EngineConfig, RejectReason};
 use topk_runtime::now_ms;
-use topk_runtime::probes::{self, Probes};
+use topk_runtime::probes::{self, CodeLabel, OutcomeLabel, Probes, ReasonLabel};
 
 pub use body::{BodyError, BodyFormat, events};
 pub use error::Error;
 use metrics::Metrics;
-use topk_runtime::probes::{CodeLabel, OutcomeLabel, ReasonLabel};
 
 /// What the gateway runs by.
 #[derive(Debug, Clone)]
