@@ -1,7 +1,8 @@
 //! Engine benchmark on a Zipf stream, one core, every contender in the same process.
 //!
 //! `cargo bench -p topk-engine --bench zipf` (env `ZIPF_EVENTS`, `ZIPF_KEYS`, `ZIPF_ROUNDS` to
-//! resize, `ZIPF_ONLY=exact` to run one contender next to the reference, `ZIPF_BATCH` for the
+//! resize, `ZIPF_ONLY=exact` (or `approximate,Filtered`) to run only the contenders whose names
+//! contain one of the texts next to the reference, `ZIPF_BATCH` for the
 //! events `topk` looks ahead at a time, 64 by default as in a worker, 0 for none).
 //! Prints a Markdown table: events/s (best round), ratio to a plain FxHashMap increment loop over
 //! the same stream (the physical reference; the median of per-round ratios, each against a
@@ -10,6 +11,9 @@
 //! The "floor" rows run designs with nothing around them (no scopes, no key frees, no late
 //! buckets, no window sum): each mode's own, and another exact one with a map per bucket. They
 //! are what a ratio goal for the engine has to be weighed against.
+//! Under each table, head-to-head lines pair a `topk` row directly with the fastest peer of its
+//! class (`ZIPF_PAIRS` rounds, 5 by default, the order alternating): the ratio of two
+//! contenders does not pass through the map loop, whose speed moves the most between runs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{HashMap, VecDeque};
@@ -64,6 +68,8 @@ const EPSILON: f64 = 0.0001;
 const DELTA: f64 = 0.01;
 const START_MS: i64 = 1_788_289_200_000; // 2026-09-01T19:00:00Z, minute aligned
 const CANDIDATES: usize = 1000;
+const APPROXIMATE: &str = "topk approximate (eps 1e-4, delta 0.01), 1h / 1m";
+const FILTERED_SPACE_SAVING: &str = "topk crate FilteredSpaceSaving (10k), no window";
 /// Events looked ahead at a time: a worker's batch of messages.
 const BATCH: usize = 64;
 
@@ -436,6 +442,7 @@ fn main() {
     let events = env_usize("ZIPF_EVENTS", 10_000_000);
     let keys = env_usize("ZIPF_KEYS", 1_000_000);
     let rounds = env_usize("ZIPF_ROUNDS", 3);
+    let pairs = env_usize("ZIPF_PAIRS", 5);
     println!("Zipf stream: {events} events over {keys} keys, one core, best of {rounds} rounds\n");
     for exponent in [1.0, 1.2] {
         let mut rng = rand::rngs::StdRng::seed_from_u64(42);
@@ -466,10 +473,7 @@ fn main() {
                 "topk exact, 1h window / 1m buckets",
                 Box::new(|| engine(&stream, Mode::Exact)),
             ),
-            (
-                "topk approximate (eps 1e-4, delta 0.01), 1h / 1m",
-                Box::new(|| engine(&stream, approx)),
-            ),
+            (APPROXIMATE, Box::new(|| engine(&stream, approx))),
             (
                 "floor: exact windowed design alone (no scopes, frees, late buckets)",
                 Box::new(|| floor_exact(&stream)),
@@ -487,16 +491,17 @@ fn main() {
                 Box::new(|| datasketches_frequent_items(&stream)),
             ),
             (
-                "topk crate FilteredSpaceSaving (10k), no window",
+                FILTERED_SPACE_SAVING,
                 Box::new(|| topk_filtered_space_saving(&stream)),
             ),
         ];
-        // ZIPF_ONLY=text keeps the reference plus the contenders whose name contains `text`.
+        // ZIPF_ONLY=text[,text...] keeps the reference plus the contenders whose name contains
+        // one of the texts.
         let only = std::env::var("ZIPF_ONLY").unwrap_or_default();
         let contenders: Vec<Contender> = contenders
             .into_iter()
             .enumerate()
-            .filter(|(i, (name, _))| *i == 0 || name.contains(only.as_str()))
+            .filter(|(i, (name, _))| *i == 0 || only.split(',').any(|text| name.contains(text)))
             .map(|(_, c)| c)
             .collect();
         // Each contender runs right after a run of the reference, and its ratio is taken from
@@ -519,6 +524,18 @@ fn main() {
                 keep_best(&mut results, outcome);
             }
         }
+        let head_to_head: Vec<String> = HEAD_TO_HEAD
+            .iter()
+            .filter_map(|&(name, peer)| {
+                let run = |wanted: &str| {
+                    contenders
+                        .iter()
+                        .find(|(n, _)| *n == wanted)
+                        .map(|(_, run)| run)
+                };
+                Some(head_to_head(name, run(name)?, peer, run(peer)?, pairs))
+            })
+            .collect();
         println!("### Zipf s = {exponent}\n");
         println!(
             "| contender | events/s | vs map loop | paired range | heap | recall@100 | recall@1000 | largest over-count | under-counts |"
@@ -553,7 +570,48 @@ fn main() {
             );
         }
         println!();
+        for line in head_to_head {
+            println!("{line}");
+        }
+        println!();
     }
+}
+
+/// Rows compared directly, each with the fastest peer of its class.
+const HEAD_TO_HEAD: [(&str, &str); 1] = [(APPROXIMATE, FILTERED_SPACE_SAVING)];
+
+/// Runs a contender and a peer in `pairs` alternating pairs; the median of the per-pair ratios
+/// (peer's time over the contender's) and their range, as a line for under the table.
+fn head_to_head(
+    name: &'static str,
+    run: impl Fn() -> Vec<(u32, u64)>,
+    peer: &'static str,
+    peer_run: impl Fn() -> Vec<(u32, u64)>,
+    pairs: usize,
+) -> String {
+    let mut ratios: Vec<f64> = (0..pairs)
+        .map(|pair| {
+            let (ours, theirs) = if pair % 2 == 0 {
+                let theirs = measure(peer, &peer_run);
+                (measure(name, &run), theirs)
+            } else {
+                let ours = measure(name, &run);
+                (ours, measure(peer, &peer_run))
+            };
+            theirs.seconds / ours.seconds
+        })
+        .collect();
+    if ratios.is_empty() {
+        return String::new();
+    }
+    ratios.sort_by(f64::total_cmp);
+    format!(
+        "Head to head, {name} against {peer}: {:.2}x (median of {pairs} alternating pairs, \
+         {:.2}-{:.2}x)",
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1],
+    )
 }
 
 /// Keeps the fastest run of each contender.
