@@ -109,10 +109,12 @@ fn route(rank: usize) -> String {
 }
 
 /// What the steady stream (without the riser) would have brought at `rate` requests a second
-/// over the `span_ms` before `now`, a `step_ms` at a time: `emit(scope, route, time, requests)`
-/// for each route's expected requests in each region, and for their sum in the global scope.
-/// A route's fraction of a request is carried to its next step, so that rare routes get their
-/// share over time.
+/// over the `span_ms` before the step `now` is in, and that step up to `now`: `emit(scope,
+/// route, time, requests)` for each route's expected requests in each region, and for their
+/// sum in the global scope, stamped at their step's start. Steps are `step_ms` long and start
+/// on its multiples (a bucket each), so every bucket holds what its time brought, the one of
+/// `now` only its part so far, which the live stream then fills. A route's fraction of a
+/// request is carried to its next step, so that rare routes get their share over time.
 fn steady_history(
     rate: u32,
     span_ms: i64,
@@ -122,11 +124,16 @@ fn steady_history(
 ) {
     let weights: Vec<f64> = (1..=ROUTES).map(|r| (r as f64).powf(-EXPONENT)).collect();
     let total: f64 = weights.iter().sum();
-    let per_region = f64::from(rate) * step_ms as f64 / 1000.0 / total / REGIONS.len() as f64;
+    let per_region_ms = f64::from(rate) / 1000.0 / total / REGIONS.len() as f64;
     let routes: Vec<String> = (1..=ROUTES).map(route).collect();
     let mut carried = vec![[0.0f64; REGIONS.len()]; ROUTES];
-    for step in (1..=span_ms / step_ms).rev() {
-        let time_ms = now - step * step_ms;
+    let current = now - now.rem_euclid(step_ms);
+    let steps = (1..=span_ms / step_ms)
+        .rev()
+        .map(|back| (current - back * step_ms, step_ms))
+        .chain(Some((current, now - current)).filter(|(_, ms)| *ms > 0));
+    for (time_ms, length_ms) in steps {
+        let per_region = per_region_ms * length_ms as f64;
         for ((key, weight), carried) in routes.iter().zip(&weights).zip(&mut carried) {
             let mut global = 0;
             for (region, carry) in REGIONS.iter().zip(carried) {
@@ -242,7 +249,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashMap};
 
     use super::*;
 
@@ -277,6 +284,47 @@ mod tests {
         let head_share = weight(1) / (1..=ROUTES).map(weight).sum::<f64>();
         let head = global[&route(1)] as f64;
         assert!((head - head_share * expected as f64).abs() <= 3.0, "{head}");
+    }
+
+    /// Started between two bucket boundaries, the history still fills every bucket of its
+    /// span, and the bucket of `now` with the requests of its time so far: stamped at the
+    /// start of the time it stands for, the last step's requests would all fall in the bucket
+    /// before, leaving `now`'s bucket short until the live stream had filled a whole window.
+    #[test]
+    fn the_history_fills_each_bucket_up_to_now() {
+        let (rate, span, step) = (20_000, 60_000, 5_000);
+        let current = 1_800_000_000_000;
+        let now = current + 4_600;
+        let mut per_bucket: BTreeMap<i64, u64> = BTreeMap::new();
+        let head = route(1);
+        steady_history(rate, span, step, now, |scope, key, time_ms, requests| {
+            assert_eq!(
+                time_ms.rem_euclid(step),
+                0,
+                "{time_ms} is not a bucket's start"
+            );
+            assert!(time_ms < now, "{time_ms}");
+            if scope.is_empty() && key == head {
+                *per_bucket.entry(time_ms).or_default() += requests;
+            }
+        });
+        let buckets: Vec<i64> = per_bucket.keys().copied().collect();
+        let expected: Vec<i64> = (0..=span / step)
+            .map(|i| current - span + i * step)
+            .collect();
+        assert_eq!(buckets, expected);
+        // The head route's requests in each bucket are its share of the bucket's time, give or
+        // take the fraction of a request carried per region.
+        let weight = |rank: usize| (rank as f64).powf(-EXPONENT);
+        let head_share = weight(1) / (1..=ROUTES).map(weight).sum::<f64>();
+        for (time_ms, requests) in per_bucket {
+            let seconds = (now.min(time_ms + step) - time_ms) as f64 / 1000.0;
+            let wanted = head_share * f64::from(rate) * seconds;
+            assert!(
+                (requests as f64 - wanted).abs() < REGIONS.len() as f64,
+                "bucket {time_ms}: {requests} requests, {wanted} wanted"
+            );
+        }
     }
 
     #[test]
