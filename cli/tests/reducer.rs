@@ -273,6 +273,14 @@ fn workers_and_reducer_publish_the_exact_lists() {
     }
     let (_, metrics) = common::get(&format!("{}/metrics", reducer.base));
     assert!(metrics.contains("topk_reducer_denied_keys 0"), "{metrics}");
+    // The query API's answers are counted by status code in the reducer's own metrics.
+    for code in [200, 404] {
+        let series = format!("topk_reducer_requests_total{{code=\"{code}\"}}");
+        assert!(
+            common::metric(&metrics, &series).is_some_and(|n| n >= 1.0),
+            "{series} in {metrics}"
+        );
+    }
 }
 
 /// Asks the reducer at `base` for the counts of `keys` in `window` and `scope`: (status, JSON).

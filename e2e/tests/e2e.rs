@@ -6,7 +6,7 @@
 //! that fails prints the pods, events and logs of what it touched, one that passes deletes
 //! its namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -366,11 +366,43 @@ allowedLateness: 2s
 
     /// The value of `series` on `/metrics` at `port` of a pod, through the pod proxy.
     async fn pod_metric(&self, ns: &str, pod: &str, port: u16, series: &str) -> Option<f64> {
+        self.pod_metrics(ns, pod, port)
+            .await?
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    /// The metrics the chart's alerts and dashboard name that neither the metric's worker and
+    /// reducer pods in `ns` nor the operator's pods export (less [`EXPORTED_AFTER_AN_EVENT`]).
+    async fn metrics_not_exported(&self, ns: &str) -> Vec<String> {
+        let mut pages: Vec<(String, String, u16)> = data_plane_pods(self, ns)
+            .await
+            .into_keys()
+            .map(|pod| (ns.to_owned(), pod, 8080))
+            .collect();
+        pages.extend(
+            self.operator_pods()
+                .await
+                .iter()
+                .map(|pod| (self.system.clone(), pod.name_any(), 9090)),
+        );
+        let mut exported = BTreeSet::new();
+        for (pod_ns, pod, port) in &pages {
+            if let Some(page) = self.pod_metrics(pod_ns, pod, *port).await {
+                exported.extend(exported_names(&page));
+            }
+        }
+        chart_metric_names()
+            .into_iter()
+            .filter(|n| !exported.contains(n) && !EXPORTED_AFTER_AN_EVENT.contains(&n.as_str()))
+            .collect()
+    }
+
+    /// `/metrics` at `port` of a pod, through the pod proxy.
+    async fn pod_metrics(&self, ns: &str, pod: &str, port: u16) -> Option<String> {
         let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics");
         let request = http::Request::get(path).body(Vec::new()).ok()?;
-        let text = self.client.request_text(request).await.ok()?;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        self.client.request_text(request).await.ok()
     }
 
     /// Waits until the metric's workers are `replicas`/`replicas` and no rescale is under way.
@@ -529,6 +561,81 @@ fn top5(counts: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
 }
 
 /// The wall clock in milliseconds: event times the workers take as current.
+/// Every `topk_` name in the chart's alerts and dashboard, their descriptions included.
+fn chart_metric_names() -> BTreeSet<String> {
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/topk-operator");
+    let mut names = BTreeSet::new();
+    for file in ["templates/monitoring.yaml", "dashboards/topk.json"] {
+        let text = std::fs::read_to_string(chart.join(file)).expect("a chart file");
+        let name_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("topk_") {
+            let starts_a_name = !rest[..at].ends_with(name_char);
+            let tail = &rest[at..];
+            let end = tail.find(|c| !name_char(c)).unwrap_or(tail.len());
+            if starts_a_name {
+                names.insert(tail[..end].to_owned());
+            }
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+/// The series names on a `/metrics` page, and each histogram's and counter's own name (what a
+/// description calls it).
+fn exported_names(page: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap_or_default();
+        for suffix in ["_bucket", "_sum", "_count", "_total"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                names.insert(base.to_owned());
+            }
+        }
+        names.insert(name.to_owned());
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_read_from_the_chart_and_from_a_metrics_page() {
+    let used = chart_metric_names();
+    for name in [
+        "topk_worker_input_gaps_total",
+        "topk_reducer_publication_delay_seconds_bucket",
+        "topk_operator_reconcile_errors_total",
+    ] {
+        assert!(used.contains(name), "{name} not in {used:?}");
+    }
+    assert!(used.iter().all(|n| n.len() > "topk_".len()), "{used:?}");
+    let page = "# HELP topk_worker_events Events read.\n# TYPE topk_worker_events counter\n\
+                topk_worker_events_total{shard=\"0\"} 3\n\
+                topk_reducer_publish_seconds_bucket{le=\"0.1\"} 1\ntopk_worker_state_bytes 10\n";
+    let exported = exported_names(page);
+    for name in [
+        "topk_worker_events_total",
+        "topk_worker_events",
+        "topk_reducer_publish_seconds_bucket",
+        "topk_reducer_publish_seconds",
+        "topk_worker_state_bytes",
+    ] {
+        assert!(exported.contains(name), "{name} not in {exported:?}");
+    }
+    assert!(!exported.iter().any(|n| n.starts_with('#')), "{exported:?}");
+}
+
+/// Metrics the chart names whose series appear only once something happened, which the
+/// known stream's metric need not have seen.
+const EXPORTED_AFTER_AN_EVENT: [&str; 3] = [
+    // After a failed reconcile, by its reason.
+    "topk_operator_reconcile_errors_total",
+    // After the first recounted hour, by window.
+    "topk_reducer_exact_until_seconds",
+    // After the first recount that rejected an event, by reason.
+    "topk_reducer_recount_rejected",
+];
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -772,6 +879,20 @@ windows:
         })
         .count();
     assert_eq!(shards, 4, "{status}");
+
+    // The chart's alerts and dashboard name only metrics that these pods (workers, reducer,
+    // operator) export: a metric renamed or an alert mistyped fails here, not silently in a
+    // user's Prometheus. Awaited: some series appear at a worker's first lag check.
+    let patience = tokio::time::Instant::now() + Duration::from_secs(60);
+    let unknown = await_some("the chart's metrics on the pods", WAIT, || async {
+        let unknown = cluster.metrics_not_exported(ns).await;
+        (unknown.is_empty() || tokio::time::Instant::now() > patience).then_some(unknown)
+    })
+    .await;
+    assert!(
+        unknown.is_empty(),
+        "the chart names metrics no pod exports: {unknown:?}"
+    );
 }
 
 /// Uid and restart count of every pod of the metric's workers and reducers.
