@@ -560,7 +560,6 @@ fn top5(counts: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
     all
 }
 
-/// The wall clock in milliseconds: event times the workers take as current.
 /// Every `topk_` name in the chart's alerts and dashboard, their descriptions included.
 fn chart_metric_names() -> BTreeSet<String> {
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/topk-operator");
@@ -598,33 +597,6 @@ fn exported_names(page: &str) -> BTreeSet<String> {
     names
 }
 
-#[test]
-fn metric_names_are_read_from_the_chart_and_from_a_metrics_page() {
-    let used = chart_metric_names();
-    for name in [
-        "topk_worker_input_gaps_total",
-        "topk_reducer_publication_delay_seconds_bucket",
-        "topk_operator_reconcile_errors_total",
-    ] {
-        assert!(used.contains(name), "{name} not in {used:?}");
-    }
-    assert!(used.iter().all(|n| n.len() > "topk_".len()), "{used:?}");
-    let page = "# HELP topk_worker_events Events read.\n# TYPE topk_worker_events counter\n\
-                topk_worker_events_total{shard=\"0\"} 3\n\
-                topk_reducer_publish_seconds_bucket{le=\"0.1\"} 1\ntopk_worker_state_bytes 10\n";
-    let exported = exported_names(page);
-    for name in [
-        "topk_worker_events_total",
-        "topk_worker_events",
-        "topk_reducer_publish_seconds_bucket",
-        "topk_reducer_publish_seconds",
-        "topk_worker_state_bytes",
-    ] {
-        assert!(exported.contains(name), "{name} not in {exported:?}");
-    }
-    assert!(!exported.iter().any(|n| n.starts_with('#')), "{exported:?}");
-}
-
 /// Metrics the chart names whose series appear only once something happened, which the
 /// known stream's metric need not have seen.
 const EXPORTED_AFTER_AN_EVENT: [&str; 3] = [
@@ -636,6 +608,7 @@ const EXPORTED_AFTER_AN_EVENT: [&str; 3] = [
     "topk_reducer_recount_rejected",
 ];
 
+/// The wall clock in milliseconds: event times the workers take as current.
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1999,4 +1972,31 @@ fn the_node_image_matches_the_dockerfile() {
             "{file} not in the image's layer"
         );
     }
+}
+
+#[test]
+fn metric_names_are_read_from_the_chart_and_from_a_metrics_page() {
+    let used = chart_metric_names();
+    for name in [
+        "topk_worker_input_gaps_total",
+        "topk_reducer_publication_delay_seconds_bucket",
+        "topk_operator_reconcile_errors_total",
+    ] {
+        assert!(used.contains(name), "{name} not in {used:?}");
+    }
+    assert!(used.iter().all(|n| n.len() > "topk_".len()), "{used:?}");
+    let page = "# HELP topk_worker_events Events read.\n# TYPE topk_worker_events counter\n\
+                topk_worker_events_total{shard=\"0\"} 3\n\
+                topk_reducer_publish_seconds_bucket{le=\"0.1\"} 1\ntopk_worker_state_bytes 10\n";
+    let exported = exported_names(page);
+    for name in [
+        "topk_worker_events_total",
+        "topk_worker_events",
+        "topk_reducer_publish_seconds_bucket",
+        "topk_reducer_publish_seconds",
+        "topk_worker_state_bytes",
+    ] {
+        assert!(exported.contains(name), "{name} not in {exported:?}");
+    }
+    assert!(!exported.iter().any(|n| n.starts_with('#')), "{exported:?}");
 }
