@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use prometheus_client::metrics::family::Family;
 use serde::Serialize;
 use tokio::sync::watch;
 use topk_api::{DEFAULT_MANIFEST, DataPlaneConfig, DenyList, RankingRecord, load_manifest};
@@ -79,8 +80,9 @@ pub fn app_state(cfg: &EngineConfig) -> Arc<AppState> {
         .filter(|w| w.head_of.is_none())
         .map(|w| w.name)
         .collect();
-    let served = Served::new(&cfg.metric, windows, cfg.k);
-    let metrics = Metrics::new(served.requests.clone());
+    let requests = Family::default();
+    let served = Served::new(&cfg.metric, windows, cfg.k, requests.clone());
+    let metrics = Metrics::new(requests);
     Arc::new(AppState {
         served: Arc::new(served),
         metrics,

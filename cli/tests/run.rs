@@ -298,6 +298,11 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"topk_events_rejected_total{reason="oversize_key"} 0"#));
+    // The error answers above, five of each code, are counted where `/metrics` shows them.
+    for code in [400, 404] {
+        let series = format!("topk_requests_total{{code=\"{code}\"}} 5\n");
+        assert!(metrics.contains(&series), "{series}: {metrics}");
+    }
     assert_eq!(get(&format!("{base}/healthz")).0, 200);
 }
 

@@ -84,12 +84,18 @@ pub struct Served {
     stale: RwLock<Vec<bool>>,
     history: Option<Arc<dyn History>>,
     frequency: OnceLock<Arc<Frequency>>,
-    /// Responses by status code; registered by whoever exports metrics.
-    pub requests: Family<CodeLabel, Counter>,
+    requests: Family<CodeLabel, Counter>,
 }
 
 impl Served {
-    pub fn new(metric: &str, windows: Vec<String>, k: usize) -> Self {
+    /// Answers count into `requests` by status code: the family the caller's `/metrics`
+    /// exports, so an embedder cannot serve answers that no metric shows.
+    pub fn new(
+        metric: &str,
+        windows: Vec<String>,
+        k: usize,
+        requests: Family<CodeLabel, Counter>,
+    ) -> Self {
         Self {
             metric: metric.to_owned(),
             stale: RwLock::new(vec![false; windows.len()]),
@@ -98,7 +104,7 @@ impl Served {
             lists: RwLock::default(),
             history: None,
             frequency: OnceLock::new(),
-            requests: Family::default(),
+            requests,
         }
     }
 

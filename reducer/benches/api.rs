@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::family::Family;
 use topk_api::RankingRecord;
 use topk_engine::RankedItem;
 use topk_engine::event::format_rfc3339_ms;
@@ -187,7 +188,12 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let served = Arc::new(Served::new("api_requests", vec!["1h".into()], 100));
+    let served = Arc::new(Served::new(
+        "api_requests",
+        vec!["1h".into()],
+        100,
+        Family::default(),
+    ));
     served.put([record]);
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

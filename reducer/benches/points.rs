@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::family::Family;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use tokio::sync::{mpsc, watch};
 use topk_api::RankingRecord;
@@ -167,7 +168,12 @@ fn main() {
     );
 
     // The reducer's routes: a served list (the reference) and point counts from the worker.
-    let served = Arc::new(Served::new("bench", vec!["1h".into()], 100));
+    let served = Arc::new(Served::new(
+        "bench",
+        vec!["1h".into()],
+        100,
+        Family::default(),
+    ));
     let at = now_ms();
     served.put([RankingRecord {
         metric: "bench".into(),

@@ -195,10 +195,13 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
         }
         Err(err) => return Err(err),
     };
-    let mut served = Served::new(metric, settings.merge.served_windows(), settings.merge.k)
-        .with_history(store.clone());
-    // The query API counts its answers in the family `/metrics` exports.
-    served.requests = metrics.requests.clone();
+    let served = Served::new(
+        metric,
+        settings.merge.served_windows(),
+        settings.merge.k,
+        metrics.requests.clone(),
+    )
+    .with_history(store.clone());
     served.put(latest);
     let shared = Arc::new(Shared {
         served: Arc::new(served),
