@@ -56,41 +56,25 @@ trait Cell: Copy {
     fn of(value: u64) -> Self;
 }
 
-impl Cell for u16 {
-    const MAX: u64 = SMALL_MAX;
-    #[inline]
-    fn get(self) -> u64 {
-        u64::from(self)
-    }
-    #[inline]
-    fn of(value: u64) -> Self {
-        value as u16
-    }
+macro_rules! cell {
+    ($type:ty, $max:expr) => {
+        impl Cell for $type {
+            const MAX: u64 = $max;
+            #[inline]
+            fn get(self) -> u64 {
+                u64::from(self)
+            }
+            #[inline]
+            fn of(value: u64) -> Self {
+                value as $type
+            }
+        }
+    };
 }
 
-impl Cell for u32 {
-    const MAX: u64 = NARROW_MAX;
-    #[inline]
-    fn get(self) -> u64 {
-        u64::from(self)
-    }
-    #[inline]
-    fn of(value: u64) -> Self {
-        value as u32
-    }
-}
-
-impl Cell for u64 {
-    const MAX: u64 = u64::MAX;
-    #[inline]
-    fn get(self) -> u64 {
-        self
-    }
-    #[inline]
-    fn of(value: u64) -> Self {
-        value
-    }
-}
+cell!(u16, SMALL_MAX);
+cell!(u32, NARROW_MAX);
+cell!(u64, u64::MAX);
 
 #[inline]
 fn cell_index(width: u32, row: u32, hash: u64) -> usize {
