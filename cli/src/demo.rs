@@ -1,5 +1,5 @@
-//! `topk demo`: a generated, skewed stream of API requests in which one route starts trending,
-//! counted by the same pipeline as `topk run`, served on the same API, with the changing top 5
+//! `topk demo`: a generated, skewed stream of API requests in which a route starts trending
+//! every ten minutes, counted by the same pipeline as `topk run`, served on the same API, with the changing top 5
 //! printed every few seconds.
 
 use std::time::{Duration as StdDuration, Instant};
@@ -21,7 +21,15 @@ use crate::server;
 const DEMO_MANIFEST: &str = include_str!("demo-metric.yaml");
 /// The manifest's metric.
 const METRIC: &str = "api_requests";
-const RISING_ROUTE: &str = "GET /v1/tickets/final-2026";
+/// Routes that take turns trending, one a turn.
+const RISERS: [&str; 3] = [
+    "GET /v1/tickets/final-2026",
+    "POST /v1/checkout/flash-sale",
+    "GET /v1/streams/keynote",
+];
+/// A riser's turn: the trending baseline's length, so that each riser rises against a
+/// baseline it is not in, and a user watching longer than one turn sees the next.
+const TURN_SECS: f64 = 600.0;
 const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
 const RESOURCES: [&str; 8] = [
     "users", "orders", "products", "carts", "search", "reviews", "images", "sessions",
@@ -55,8 +63,7 @@ pub struct DemoArgs {
     pub history: Duration,
 }
 
-/// The request stream: Zipf-distributed routes, plus one route whose share grows from nothing
-/// (after 5 s) to a third of the traffic (after 45 s), overtaking the head within ~20 s.
+/// The request stream: Zipf-distributed routes, plus the riser of the turn (see [`riser`]).
 struct Generator {
     rng: StdRng,
     zipf: Zipf<f64>,
@@ -76,16 +83,12 @@ impl Generator {
         })
     }
 
-    fn trending_share(&self) -> f64 {
-        let secs = self.started.elapsed().as_secs_f64();
-        ((secs - 5.0) / 40.0).clamp(0.0, 1.0) * 0.33
-    }
-
     /// One request, counted twice: in the global scope and in its region's scope.
     fn next_lines(&mut self, now: i64, out: &mut Vec<String>) {
         self.seq += 1;
-        let key = if self.rng.random_bool(self.trending_share()) {
-            RISING_ROUTE.to_owned()
+        let (rising, share) = riser(self.started.elapsed().as_secs_f64());
+        let key = if self.rng.random_bool(share) {
+            rising.to_owned()
         } else {
             route(self.rng.sample(self.zipf) as usize)
         };
@@ -99,6 +102,16 @@ impl Generator {
             );
         }
     }
+}
+
+/// The route trending `secs` after the start, and its share of the requests: from nothing (5 s
+/// into its turn) to a third of the traffic (45 s in, overtaking the head within ~20 s) until
+/// its turn ends and the next riser's begins.
+fn riser(secs: f64) -> (&'static str, f64) {
+    let turn = (secs / TURN_SECS).floor();
+    let into_turn = secs - turn * TURN_SECS;
+    let route = RISERS[turn as usize % RISERS.len()];
+    (route, ((into_turn - 5.0) / 40.0).clamp(0.0, 1.0) * 0.33)
 }
 
 /// The steady stream's route of Zipf rank `rank` (from 1).
@@ -252,6 +265,23 @@ mod tests {
     use std::collections::{BTreeMap, HashMap};
 
     use super::*;
+
+    /// Each turn has its own riser, absent at the turn's start and a third of the traffic
+    /// from 45 s in to the turn's end; the risers come round again.
+    #[test]
+    fn a_new_route_rises_each_turn() {
+        let turn = TURN_SECS;
+        assert_eq!(riser(0.0), (RISERS[0], 0.0));
+        assert_eq!(riser(45.0), (RISERS[0], 0.33));
+        assert_eq!(riser(turn - 1.0), (RISERS[0], 0.33));
+        assert_eq!(riser(turn + 1.0), (RISERS[1], 0.0));
+        assert_eq!(riser(turn + 60.0), (RISERS[1], 0.33));
+        assert_eq!(riser(2.0 * turn + 60.0).0, RISERS[2]);
+        assert_eq!(riser(3.0 * turn + 60.0), (RISERS[0], 0.33));
+        let (route, share) = riser(25.0);
+        assert_eq!(route, RISERS[0]);
+        assert!(share > 0.1 && share < 0.2, "{share}");
+    }
 
     /// The history is what the stream would have brought over its span: its rate's requests
     /// (less the fractions still carried), each route's Zipf share of them, the regions' sum
