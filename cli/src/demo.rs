@@ -1,6 +1,6 @@
 //! `topk demo`: a generated, skewed stream of API requests in which a route starts trending
-//! every ten minutes, counted by the same pipeline as `topk run`, served on the same API, with the changing top 5
-//! printed every few seconds.
+//! every ten minutes, counted by the same pipeline as `topk run`, served on the same API, with
+//! the changing top 5 printed every few seconds.
 
 use std::time::{Duration as StdDuration, Instant};
 

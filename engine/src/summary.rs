@@ -170,7 +170,7 @@ pub fn merge_known(
     };
     // Each scope's lists from every summary, merged one scope at a time in one reused hash map,
     // so that only one scope's union is in memory, and in cache, at once: the scale bench's
-    // merge at 64 shards went from 60-71 ms to 20-23 ms (all scopes' maps alive together), and
+    // merge at 64 shards went from 58-71 ms to 20-25 ms (all scopes' maps alive together), and
     // from n log n to linear before that (an ordered map per scope).
     let mut lists: BTreeMap<&str, Vec<&[KeyCount]>> = known
         .iter()
