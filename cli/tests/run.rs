@@ -256,11 +256,9 @@ fn serves_rankings_index_metrics_and_clear_errors_over_http() {
     // Answers by code so far (the wait above may have been answered 404 before the first
     // list): the cases below must add five of each.
     let answered = |code: u16| -> u64 {
-        let series = format!("topk_requests_total{{code=\"{code}\"}} ");
-        let metrics = get(&format!("{base}/metrics")).1;
-        (metrics.lines())
-            .find_map(|line| line.strip_prefix(series.as_str())?.parse().ok())
-            .unwrap_or(0)
+        let page = get(&format!("{base}/metrics")).1;
+        let series = format!("topk_requests_total{{code=\"{code}\"}}");
+        common::metric(&page, &series).unwrap_or(0.0) as u64
     };
     let before = [answered(400), answered(404)];
     let cases = [
