@@ -348,7 +348,7 @@ fn floor_approximate(s: &Stream) -> Vec<(u32, u64)> {
             bucket = at;
         }
         let hash = xxh3_64_with_seed(key.as_bytes(), 0);
-        if set.count_member(hash, key, 1) {
+        if set.count_member(hash, 1) {
             continue;
         }
         let estimate = sketch.add(hash, 1);

@@ -123,7 +123,7 @@ impl ApproxWindow {
         self.window.estimate(hash)
     }
 
-    /// Counts an event whose key is a candidate of the bucket without asking `owns` (the
+    /// Counts an event whose key hash is a candidate's in the bucket without asking `owns` (the
     /// partitioner): a candidate came in owned. Anything else (a new bucket, scope or key)
     /// asks first and changes nothing if the shard does not own the key.
     #[inline]
@@ -174,7 +174,7 @@ impl ApproxWindow {
                 self.capacity,
             ),
         };
-        if set.count_member(hash, key, cost) {
+        if set.count_member(hash, cost) {
             return Added::Counted;
         }
         if !owns() {

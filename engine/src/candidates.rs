@@ -8,8 +8,6 @@
 
 use hashbrown::HashTable;
 
-use crate::bytes::same_bytes;
-
 #[derive(Debug, Clone)]
 pub struct Candidate {
     pub hash: u64,
@@ -69,15 +67,15 @@ impl CandidateSet {
             + self.index.capacity() * 5
     }
 
-    /// Counts `cost` for the key if it is a member (and returns true); the bucket sketch
-    /// gets it later, through [`Self::take_pending`] or an eviction.
+    /// Counts `cost` for the member with this key hash if there is one (and returns true); the
+    /// bucket sketch gets it later, through [`Self::take_pending`] or an eviction. Members are
+    /// told apart by hash alone, as the sketch tells keys apart: two keys with one hash share
+    /// every cell, so the mode counts them as one key whatever the set does, and comparing the
+    /// text too cost 3-7 % of the approximate zipf contender's speed.
     #[inline]
-    pub fn count_member(&mut self, hash: u64, key: &str, cost: u64) -> bool {
+    pub fn count_member(&mut self, hash: u64, cost: u64) -> bool {
         let slots = &self.slots;
-        let Some(&slot) = self.index.find(hash, |&s| {
-            let c = &slots[s as usize];
-            c.hash == hash && same_bytes(c.key.as_bytes(), key.as_bytes())
-        }) else {
+        let Some(&slot) = self.index.find(hash, |&s| slots[s as usize].hash == hash) else {
             return false;
         };
         let c = &mut self.slots[slot as usize];
@@ -239,7 +237,7 @@ mod tests {
         for &(key, cost) in events {
             *truth.entry(key).or_default() += cost;
             let hash = key_hash(0, key);
-            if set.count_member(hash, key, cost) {
+            if set.count_member(hash, cost) {
                 continue;
             }
             let estimate = sketch.entry(key.to_string()).or_default();
@@ -294,7 +292,7 @@ mod tests {
         for key in keys {
             built.offer_newcomer(key_hash(0, key), key, 4);
         }
-        built.count_member(key_hash(0, "p"), "p", 1);
+        built.count_member(key_hash(0, "p"), 1);
         let mut restored = CandidateSet::new(3);
         for c in built.iter() {
             assert!(restored.restore_member(c.hash, &c.key, c.count, c.pending));
