@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 use crate::candidates::{Candidate, CandidateSet};
 use crate::config::WindowConfig;
-use crate::exact::{open_bucket, take_due};
+use crate::exact::{close_to, open_bucket, take_due};
 use crate::sketch::CountMinSketch;
 use crate::snapshot::{
     ApproxBucket as SnapBucket, ApproxState, OpenApproxBucket, SketchCells, WindowSnapshot,
@@ -205,16 +205,14 @@ impl ApproxWindow {
     }
 
     pub(crate) fn close_through(&mut self, watermark_ms: i64) {
-        let end_idx = watermark_ms.div_euclid(self.bucket_ms);
-        if end_idx <= self.closed_through {
+        let Some((end_idx, mut period)) = close_to(
+            &mut self.closed_through,
+            watermark_ms,
+            self.bucket_ms,
+            self.span,
+        ) else {
             return;
-        }
-        // The period the window sum belongs to (a tumbling window's).
-        let mut period = match self.closed_through {
-            i64::MIN => None,
-            through => self.span.period_of(through - 1),
         };
-        self.closed_through = end_idx;
         for mut bucket in take_due(&mut self.open, |b| b.idx < end_idx) {
             bucket.flush_pending();
             let bucket_period = self.span.period_of(bucket.idx);

@@ -170,16 +170,14 @@ impl ExactWindow {
     /// Folds every open bucket ending at or before `watermark_ms` and expires buckets that left
     /// the window ending at the newest closed boundary.
     pub(crate) fn close_through(&mut self, watermark_ms: i64, keys: &mut KeyTable) {
-        let end_idx = watermark_ms.div_euclid(self.bucket_ms);
-        if end_idx <= self.closed_through {
+        let Some((end_idx, mut period)) = close_to(
+            &mut self.closed_through,
+            watermark_ms,
+            self.bucket_ms,
+            self.span,
+        ) else {
             return;
-        }
-        // The period the folded totals belong to (a tumbling window's).
-        let mut period = match self.closed_through {
-            i64::MIN => None,
-            through => self.span.period_of(through - 1),
         };
-        self.closed_through = end_idx;
         if self.totals.len() < keys.id_space() {
             self.totals.resize(keys.id_space(), 0);
         }
@@ -333,6 +331,27 @@ pub(crate) fn open_bucket<B>(
         return &mut open[at];
     }
     &mut open[at - 1]
+}
+
+/// Moves `closed_through` (the first bucket index not closed) to where a watermark closes
+/// buckets, if that is later: returns the new index and the period the window's sum belonged
+/// to before (a tumbling window's; `None` for the others and before any bucket closed).
+pub(crate) fn close_to(
+    closed_through: &mut i64,
+    watermark_ms: i64,
+    bucket_ms: i64,
+    span: Span,
+) -> Option<(i64, Option<i64>)> {
+    let end_idx = watermark_ms.div_euclid(bucket_ms);
+    if end_idx <= *closed_through {
+        return None;
+    }
+    let period = match *closed_through {
+        i64::MIN => None,
+        through => span.period_of(through - 1),
+    };
+    *closed_through = end_idx;
+    Some((end_idx, period))
 }
 
 /// Removes the open buckets at the front for which `due` holds (the closing ones, oldest
