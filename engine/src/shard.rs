@@ -547,10 +547,15 @@ impl ShardCounter {
                         .map(|(idx, counts)| {
                             let mut counts: Vec<_> = counts
                                 .into_iter()
-                                .map(|(id, n)| (new_id(keys.scope(id)), keys.key(id).to_owned(), n))
+                                .map(|(id, n)| (new_id(keys.scope(id)), keys.key(id), n))
                                 .collect();
-                            // Canonical order: equal states give equal snapshots.
+                            // Canonical order: equal states give equal snapshots. Sorted on
+                            // borrowed keys, copied once in order.
                             counts.sort_unstable();
+                            let counts = counts
+                                .into_iter()
+                                .map(|(scope, key, n)| (scope, key.to_owned(), n))
+                                .collect();
                             ExactBucket { idx, counts }
                         })
                         .collect(),
