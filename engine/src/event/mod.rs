@@ -94,6 +94,11 @@ impl EventParser {
 
 #[cold]
 fn with_serde(input: &[u8]) -> Result<RawEvent<'_>, RejectReason> {
+    // serde reads a struct from a JSON array too (its fields in order), which no producer
+    // means as an event: only an object is one.
+    if input.trim_ascii_start().first() != Some(&b'{') {
+        return Err(RejectReason::InvalidJson);
+    }
     serde_json::from_slice(input).map_err(|_| RejectReason::InvalidJson)
 }
 
@@ -425,6 +430,21 @@ mod tests {
             parse_event_bytes(&bytes, 16),
             Err(RejectReason::InvalidJson)
         );
+    }
+
+    #[test]
+    fn only_a_json_object_is_an_event() {
+        for input in [
+            r#"[null, 1, "m", "", "k", 1]"#,
+            r#"[{"event_time":1,"metric":"m","key":"k"}]"#,
+            r#" [1]"#,
+            r#""m""#,
+            "7",
+            "null",
+        ] {
+            assert_eq!(parse(input), Err(RejectReason::InvalidJson), "{input}");
+        }
+        assert!(parse(r#" {"event_time":1,"metric":"m","key":"k"}"#).is_ok());
     }
 
     #[test]
