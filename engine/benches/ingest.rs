@@ -4,7 +4,8 @@
 //! `cargo bench -p topk-engine --bench ingest` (env `INGEST_EVENTS`, `INGEST_ROUNDS`;
 //! `INGEST_ONLY=exact`, `approximate`, `dedupe` or `parse` runs one contender next to its
 //! reference). A third table prices streaming dedupe: exact counting of payloads with ids,
-//! dedupe off and on.
+//! dedupe off, on, and on at its cap (a table full of live ids, which must cost no more per
+//! event than one with room).
 //! A second table times parsing alone: the engine's parser against serde_json into the same
 //! borrowed fields.
 //! The payloads are those of the worker benchmark (`worker/benches/throughput.rs`): ~70 bytes,
@@ -156,6 +157,15 @@ fn dedupe(payloads: &[Vec<u8>], rounds: u32) {
     let (off_time, counted) = best(rounds, || topk(&off, &with_ids).accepted());
     assert_eq!(counted, n as u64);
     let (on_time, _) = best(rounds, || topk(&on, &with_ids).accepted());
+    // A tenth of the ids fill the table; every later one finds it full of live ids.
+    let full = EngineConfig {
+        dedupe: Some(DedupeConfig {
+            horizon_ms: 0,
+            max_ids: n / 10,
+        }),
+        ..off.clone()
+    };
+    let (full_time, _) = best(rounds, || topk(&full, &with_ids).accepted());
     let stream = topk(&on, &with_ids);
     assert_eq!(stream.accepted(), n as u64, "no id repeats");
     let ids = stream.remembered_ids();
@@ -168,6 +178,11 @@ fn dedupe(payloads: &[Vec<u8>], rounds: u32) {
         "| dedupe on (every id remembered until the watermark passes it) | {:.2} M | {:.2}x |",
         rate(on_time) / 1e6,
         off_time.as_secs_f64() / on_time.as_secs_f64()
+    );
+    println!(
+        "| dedupe on, at its cap (`maxIdsPerShard` a tenth of the ids: 90 % arrive to a full table) | {:.2} M | {:.2}x |",
+        rate(full_time) / 1e6,
+        off_time.as_secs_f64() / full_time.as_secs_f64()
     );
     let state_off = topk(&off, &with_ids).state_bytes();
     println!(
