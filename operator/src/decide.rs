@@ -25,6 +25,7 @@ use crate::builders::{
     RECOUNT_FROM_ANNOTATION, Rollout, Settings, TABLE_CHANGED_AT,
 };
 use crate::error::Error;
+use crate::planner;
 use crate::recount::{self, JobState, ObservedJob};
 use crate::rollout::{self, Observed};
 use crate::status::condition;
@@ -414,6 +415,9 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
     if let Some(message) = rescale_stuck {
         problems.push(("RescaleStuck", message));
     }
+    if let Some(message) = rescale.as_ref().and_then(|r| r.invalid_table.clone()) {
+        problems.push(("InvalidAssignment", message));
+    }
     if let Some(message) = recount.failing {
         problems.push(("RecountFailing", message));
     }
@@ -542,6 +546,9 @@ struct RescaleStep {
     step: rollout::Step,
     /// Shards the new table moves to another worker, when the table changes.
     shard_moves: Option<u64>,
+    /// Why the table found was not used (a new one replaces it): the `InvalidAssignment`
+    /// problem.
+    invalid_table: Option<String>,
 }
 
 /// The rescale step of a metric with workers: the rollout the objects are built from and
@@ -553,10 +560,24 @@ fn rescale_step(
 ) -> Result<RescaleStep, Error> {
     let metric = &o.metric;
     let at = &o.now;
-    let table = match &o.assignment {
-        Some(cm) => read_table(cm)?,
-        None => None,
-    };
+    let shards = metric.spec.shards();
+    let desired_workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
+    let running_workers = count(o.worker.as_ref().and_then(|s| s.spec.as_ref()?.replicas));
+    let written = metric.status.as_ref().and_then(|s| s.assignment_version);
+    let (table, invalid_table) = checked_table(
+        o.assignment.as_ref(),
+        shards,
+        desired_workers.max(running_workers),
+        written,
+    );
+    let table = table.or_else(|| {
+        // No usable table after one was written: a new one continues the old versions and
+        // epochs, so that workers and reducers take it and fence every previous owner.
+        invalid_table.as_ref().map(|(_, after)| {
+            planner::fresh_table(shards, desired_workers.clamp(1, shards.max(1)), *after)
+        })
+    });
+    let invalid_table = invalid_table.map(|(why, _)| why);
     let changed_at = o
         .assignment
         .as_ref()
@@ -566,9 +587,6 @@ fn rescale_step(
         Some(at.0.duration_since(changed).as_millis() as i64)
     });
     let ready_workers = ready_replicas(o.worker.as_ref());
-    let running_workers = count(o.worker.as_ref().and_then(|s| s.spec.as_ref()?.replicas));
-    let shards = metric.spec.shards();
-    let desired_workers = metric.spec.workers.as_ref().map_or(1, |w| w.replicas);
     let departing_released = table.as_ref().is_none_or(|t| {
         all_released(
             o.worker_reports.as_ref(),
@@ -587,7 +605,8 @@ fn rescale_step(
     });
 
     let mut shard_moves = None;
-    let table_changed = table.as_ref() != Some(&step.table);
+    // A replaced table is written whatever the step makes of the new one.
+    let table_changed = invalid_table.is_some() || table.as_ref() != Some(&step.table);
     let rollout = Rollout {
         worker_replicas: step.statefulset_replicas,
         table: step.table.clone(),
@@ -604,7 +623,10 @@ fn rescale_step(
             None
         },
     };
-    if let Some(old) = table.as_ref().filter(|_| table_changed) {
+    if let Some(old) = table
+        .as_ref()
+        .filter(|_| table_changed && invalid_table.is_none())
+    {
         let moved = old
             .shards
             .iter()
@@ -621,11 +643,61 @@ fn rescale_step(
             ),
         ));
     }
+    if let Some(why) = &invalid_table {
+        notes.push(Note::warning(
+            "InvalidAssignment",
+            format!(
+                "{why}; wrote assignment version {} instead",
+                step.table.version
+            ),
+        ));
+    }
     Ok(RescaleStep {
         rollout,
         step,
         shard_moves,
+        invalid_table,
     })
+}
+
+/// The assignment table in `cm`, if it is one the operator can go on from; else why not,
+/// with the highest version or epoch it or the status (`written`) names, which a new table
+/// must pass. No ConfigMap before any table was written is a new metric: neither.
+fn checked_table(
+    cm: Option<&ConfigMap>,
+    shards: u32,
+    workers: u32,
+    written: Option<u64>,
+) -> (Option<AssignmentTable>, Option<(String, u64)>) {
+    let floor = written.unwrap_or(0);
+    let read = match cm {
+        Some(cm) => read_table(cm),
+        None => Ok(None),
+    };
+    match read {
+        Ok(Some(table)) => match planner::table_problem(&table, shards, workers, written) {
+            None => (Some(table), None),
+            Some(why) => {
+                let highest = table.shards.iter().map(|o| o.epoch).max().unwrap_or(0);
+                let after = floor.max(table.version).max(highest);
+                (
+                    None,
+                    Some((format!("the assignment table is invalid: {why}"), after)),
+                )
+            }
+        },
+        Ok(None) => match written {
+            Some(version) => (
+                None,
+                Some((
+                    format!("the assignment table (version {version}) is gone"),
+                    version,
+                )),
+            ),
+            None => (None, None),
+        },
+        Err(err) => (None, Some((err.to_string(), floor))),
+    }
 }
 
 fn ready_replicas(sts: Option<&StatefulSet>) -> u32 {

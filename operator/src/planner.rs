@@ -41,13 +41,14 @@ pub fn plan(shards: u32, current: Option<&AssignmentTable>, workers: u32) -> Ass
     // Keep each shard where it is while its worker is within quota; the rest move.
     let mut kept = vec![0u32; workers as usize];
     let mut next = current.shards.clone();
+    // Positions in the table, not shard ids: a table is read as it is, never indexed by it.
     let mut homeless = Vec::new();
-    for owner in next.iter_mut() {
+    for (at, owner) in next.iter_mut().enumerate() {
         let w = owner.worker as usize;
         if owner.worker < workers && kept[w] < quota[w] {
             kept[w] += 1;
         } else {
-            homeless.push(owner.shard);
+            homeless.push(at);
         }
     }
     if homeless.is_empty() {
@@ -57,16 +58,72 @@ pub fn plan(shards: u32, current: Option<&AssignmentTable>, workers: u32) -> Ass
         let free = quota[w as usize] - kept[w as usize];
         std::iter::repeat_n(w, free as usize)
     });
-    for shard in homeless {
-        let owner = &mut next[shard as usize];
+    for at in homeless {
+        let owner = &mut next[at];
         // Quotas sum to `shards`, so every homeless shard finds a place.
         owner.worker = open.next().unwrap_or(0);
-        owner.epoch += 1;
+        owner.epoch = owner.epoch.saturating_add(1);
     }
     AssignmentTable {
-        version: current.version + 1,
+        version: current.version.saturating_add(1),
         shards: next,
     }
+}
+
+/// What is wrong with `table` as the assignment of a metric with `shards` shards, whose
+/// workers run as ordinals below `workers`, after the operator wrote version `floor`; `None`
+/// when nothing. A table the operator wrote always passes: ids 0..shards in order, every
+/// owner a running ordinal, every epoch between 1 and the version (each table change raises
+/// the version by one and a shard's epoch by at most one), and no version below one written.
+pub fn table_problem(
+    table: &AssignmentTable,
+    shards: u32,
+    workers: u32,
+    floor: Option<u64>,
+) -> Option<String> {
+    if table.shards.len() != shards as usize {
+        return Some(format!(
+            "it lists {} shards, the metric has {shards}",
+            table.shards.len()
+        ));
+    }
+    if let Some(floor) = floor.filter(|floor| table.version < *floor) {
+        return Some(format!(
+            "its version {} is below {floor}, already written (status.assignmentVersion)",
+            table.version
+        ));
+    }
+    for (at, owner) in table.shards.iter().enumerate() {
+        if owner.shard as usize != at {
+            return Some(format!("entry {at} is shard {}", owner.shard));
+        }
+        if owner.worker >= workers {
+            return Some(format!(
+                "shard {at} is owned by worker {}, past the {workers} workers",
+                owner.worker
+            ));
+        }
+        if owner.epoch == 0 || owner.epoch > table.version {
+            return Some(format!(
+                "shard {at} has epoch {}, outside 1..={}",
+                owner.epoch, table.version
+            ));
+        }
+    }
+    None
+}
+
+/// A new table for `workers` replicas that follows every table up to version `after`: its
+/// version is the next, and so is every shard's epoch (no earlier epoch was above `after`),
+/// so that every previous owner is fenced and readers take it as the newest.
+pub fn fresh_table(shards: u32, workers: u32, after: u64) -> AssignmentTable {
+    let version = after.saturating_add(1);
+    let mut table = plan(shards, None, workers);
+    table.version = version;
+    for owner in &mut table.shards {
+        owner.epoch = version;
+    }
+    table
 }
 
 #[cfg(test)]
@@ -156,5 +213,60 @@ mod tests {
             // Planning again changes nothing.
             prop_assert_eq!(&plan(shards, Some(&next), workers), &next);
         }
+
+        #[test]
+        fn every_table_the_planner_writes_passes_the_check(
+            shards in 1u32..24,
+            steps in prop::collection::vec(1u32..8, 1..6),
+            after in prop::option::of(0u64..1_000),
+        ) {
+            let mut written = match after {
+                Some(after) => fresh_table(shards, steps[0], after),
+                None => plan(shards, None, steps[0]),
+            };
+            let floor = written.version;
+            for workers in steps {
+                written = plan(shards, Some(&written), workers);
+                prop_assert_eq!(table_problem(&written, shards, workers.min(shards), Some(floor)), None);
+            }
+        }
+
+        #[test]
+        fn any_table_read_is_planned_or_refused_without_a_panic(
+            shards in 1u32..16,
+            owners in prop::collection::vec((any::<u32>(), any::<u32>(), any::<u64>()), 0..20),
+            version in any::<u64>(),
+            workers in 1u32..8,
+            floor in prop::option::of(any::<u64>()),
+        ) {
+            let table = AssignmentTable {
+                version,
+                shards: owners
+                    .into_iter()
+                    .map(|(shard, worker, epoch)| ShardOwner { shard, worker, epoch })
+                    .collect(),
+            };
+            let next = plan(shards, Some(&table), workers);
+            prop_assert_eq!(next.shards.len(), shards as usize);
+            if table_problem(&table, shards, workers, floor).is_none() {
+                prop_assert!(next.shards.iter().all(|o| o.worker < workers));
+            }
+        }
+    }
+
+    #[test]
+    fn a_fresh_table_fences_every_earlier_epoch() {
+        let fresh = fresh_table(4, 2, 9);
+        assert_eq!(fresh.version, 10);
+        assert!(fresh.shards.iter().all(|o| o.epoch == 10 && o.worker < 2));
+        assert_eq!(table_problem(&fresh, 4, 2, Some(9)), None);
+        let mut bad = fresh.clone();
+        bad.shards[3].shard = 99;
+        assert!(table_problem(&bad, 4, 2, None).is_some());
+        let mut bad = fresh.clone();
+        bad.shards[0].worker = 1_000_000;
+        assert!(table_problem(&bad, 4, 2, None).is_some());
+        assert!(table_problem(&fresh, 4, 2, Some(11)).is_some());
+        assert!(table_problem(&fresh, 5, 2, None).is_some());
     }
 }

@@ -477,3 +477,96 @@ fn a_global_metric_gets_reducers_only_and_is_ready_with_them() {
     assert_eq!(condition(&d, "Ready").message, "1 reducers ready");
     assert_eq!(condition(&d, "Progressing").reason, "Settled");
 }
+
+/// A table no operator wrote (hand-edited, pruned by a GitOps tool, garbage) or a deleted one
+/// never panics the planner or scales workers past what runs: the metric turns `Degraded
+/// InvalidAssignment` and a new table follows every version and epoch written before, so that
+/// workers and reducers take it.
+#[test]
+fn a_bad_or_deleted_assignment_table_is_replaced_by_one_that_continues_its_epochs() {
+    let owners = |last: &str| {
+        format!(
+            r#"{{"version": 5, "shards": [{{"shard": 0, "worker": 0, "epoch": 5}}, {{"shard": 1, "worker": 1, "epoch": 1}}, {{"shard": 2, "worker": 0, "epoch": 1}}{last}]}}"#
+        )
+    };
+    let cases = [
+        (
+            "a shard id out of place",
+            owners(r#", {"shard": 99, "worker": 1, "epoch": 1}"#),
+        ),
+        (
+            "an owner a million workers up",
+            owners(r#", {"shard": 3, "worker": 1000000, "epoch": 1}"#),
+        ),
+        ("three shards of four", owners("")),
+        (
+            "an epoch above the version",
+            owners(r#", {"shard": 3, "worker": 1, "epoch": 9}"#),
+        ),
+        ("not a table", "{oops".to_owned()),
+    ];
+    for (what, text) in cases {
+        let mut o = fixture("scale-up-waiting.yaml");
+        // Every worker ready: the planner runs on the table.
+        o.worker
+            .as_mut()
+            .unwrap()
+            .status
+            .as_mut()
+            .unwrap()
+            .ready_replicas = Some(3);
+        o.assignment
+            .as_mut()
+            .unwrap()
+            .data
+            .as_mut()
+            .unwrap()
+            .insert(ASSIGNMENT_KEY.into(), text);
+        let d = decided(&o);
+        let degraded = condition(&d, "Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "InvalidAssignment"),
+            "{what}: {degraded:?}"
+        );
+        assert!(reasons(&d).contains(&"InvalidAssignment"), "{what}");
+        let table = table(&d);
+        // Above every version and epoch the bad table names; for one that names none, above
+        // the version in the status (1), which no earlier epoch passed.
+        let above = if what == "not a table" { 1 } else { 5 };
+        assert!(table.version > above, "{what}: {table:?}");
+        assert!(
+            table
+                .shards
+                .iter()
+                .enumerate()
+                .all(|(at, o)| o.shard as usize == at && o.worker < 3 && o.epoch == table.version),
+            "{what}: every shard fenced above every earlier epoch: {table:?}"
+        );
+        assert!(table.version >= 10 || what != "an epoch above the version");
+        assert!(worker_replicas(&d) <= 3, "{what}: {}", worker_replicas(&d));
+        assert_eq!(d.status.assignment_version, Some(table.version));
+        assert_eq!(
+            workers(&d).assignment.metadata.resource_version.as_deref(),
+            Some("41"),
+            "{what}: replaced only if nobody changed it since it was read"
+        );
+    }
+
+    // A table below the version already written (status.assignmentVersion) is refused too.
+    let mut o = fixture("scale-up-waiting.yaml");
+    o.metric.status.as_mut().unwrap().assignment_version = Some(3);
+    let d = decided(&o);
+    assert_eq!(condition(&d, "Degraded").reason, "InvalidAssignment");
+    assert_eq!(table(&d).version, 4);
+
+    // Deleted: the next table continues from the version in the status, not from 1.
+    let mut o = fixture("scale-up-waiting.yaml");
+    o.metric.status.as_mut().unwrap().assignment_version = Some(7);
+    o.assignment = None;
+    let d = decided(&o);
+    assert_eq!(condition(&d, "Degraded").reason, "InvalidAssignment");
+    let table = table(&d);
+    assert_eq!(table.version, 8);
+    assert!(table.shards.iter().all(|o| o.epoch == 8), "{table:?}");
+}
