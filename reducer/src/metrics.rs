@@ -74,6 +74,7 @@ pub struct ReducerMetrics {
     pub grade_bound_violations: Counter,
     pub denied_keys: Gauge,
     pub corrupt_store: Counter,
+    pub offsets_expired: Counter,
     pub rollbacks: Family<ResultLabel, Counter>,
     pub recount: RecountGauges,
 }
@@ -130,6 +131,7 @@ impl Default for ReducerMetrics {
             grade_bound_violations: Counter::default(),
             denied_keys: Gauge::default(),
             corrupt_store: Counter::default(),
+            offsets_expired: Counter::default(),
             rollbacks: Family::default(),
             recount: RecountGauges::default(),
             registry: Registry::default(),
@@ -234,6 +236,11 @@ impl Default for ReducerMetrics {
             "kafka_errors",
             "Errors reported by the summaries consumer",
             m.kafka_errors.clone(),
+        );
+        r.register(
+            "offsets_expired",
+            "Offsets of the summaries and exact-hours topics deleted by retention before this reducer read them (found at start); it reads on from the oldest retained one",
+            m.offsets_expired.clone(),
         );
         r.register(
             "corrupt_store",

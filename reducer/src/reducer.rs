@@ -284,6 +284,9 @@ impl Reducer {
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false")
             .set("fetch.queue.backoff.ms", "10")
+            // An offset retention deleted resumes at the oldest retained record, never at the
+            // end (librdkafka's default), which would skip every summary still there.
+            .set("auto.offset.reset", "earliest")
             .create()?;
         let region_sender = match &settings.region_output {
             Some(output) => Some(RegionSender {
@@ -312,6 +315,12 @@ impl Reducer {
             None => Hours::load(shared.store.clone(), settings.tops_size())?,
         };
         let exact_start = hours.resume_offset()?.unwrap_or(0);
+        for (topic, from) in [
+            (&settings.topics.summaries, start),
+            (&settings.topics.exact_hours, exact_start),
+        ] {
+            count_expired(&consumer, topic, from, &shared.metrics);
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&settings.topics.summaries, 0, Offset::Offset(start))?;
         tpl.add_partition_offset(&settings.topics.exact_hours, 0, Offset::Offset(exact_start))?;
@@ -1002,6 +1011,24 @@ impl Reducer {
             grades.pop_front();
         }
         Ok(())
+    }
+}
+
+/// Counts and logs the offsets of `topic` (one partition) retention deleted below `from`, where
+/// this reducer resumes: it reads on from the oldest retained one.
+fn count_expired(consumer: &BaseConsumer, topic: &str, from: i64, metrics: &ReducerMetrics) {
+    match consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)) {
+        Ok((low, _)) if from < low => {
+            metrics.offsets_expired.inc_by((low - from) as u64);
+            tracing::error!(
+                topic,
+                from,
+                low,
+                "offsets deleted by retention before this reducer read them; reading on from the oldest retained one"
+            );
+        }
+        Ok(_) => {}
+        Err(err) => tracing::warn!(topic, %err, "cannot read the partition's offsets"),
     }
 }
 
