@@ -12,7 +12,7 @@ use topk_engine::EngineConfig;
 use crate::duration::Duration;
 use crate::error::ApiError;
 use crate::kafka::{CredentialError, KafkaProperties, KafkaSecurity, SecretKey};
-use crate::manifest::{ConfigMapKey, TopKMetric, load_manifest};
+use crate::manifest::{ConfigMapKey, NewTopicPolicy, TopKMetric, load_manifest};
 use crate::names::Names;
 use crate::topics::{CombineTopics, TopicNames};
 
@@ -216,6 +216,10 @@ pub struct WorkerTiming {
     /// Largest summary record sent; larger summaries are split into parts.
     #[serde(default = "default_summary_record_bytes")]
     pub max_summary_record_bytes: u32,
+    /// Where a shard reads an input topic of another id than its state counted
+    /// (`source.onNewTopic`).
+    #[serde(default, skip_serializing_if = "NewTopicPolicy::is_default")]
+    pub on_new_topic: NewTopicPolicy,
 }
 
 fn default_summary_record_bytes() -> u32 {
@@ -392,6 +396,10 @@ impl DataPlaneConfig {
                     .and_then(|w| w.handoff_wait)
                     .unwrap_or(DEFAULT_HANDOFF_WAIT),
                 max_summary_record_bytes: spec.max_summary_record_bytes(),
+                on_new_topic: spec
+                    .source
+                    .as_ref()
+                    .map_or_else(NewTopicPolicy::default, |s| s.on_new_topic),
             },
             reducer: ReducerTuning {
                 stale_after: reducers
@@ -718,6 +726,12 @@ mod tests {
                 "",
                 json!(null),
                 Restarts(&[Component::Worker, Component::Combiner]),
+            ),
+            (
+                "source.onNewTopic",
+                "/source/onNewTopic",
+                json!("fromEnd"),
+                Restarts(&[Component::Worker]),
             ),
             (
                 "combiners.replicas",
@@ -1329,7 +1343,7 @@ mod tests {
                 "authentication": {"type": "scram-sha-512", "username": "topk",
                                    "passwordSecret": {"secretName": "topk-user", "password": "password"}},
                 "config": {"client.rack": "zone-a"},
-            }, "partitionedBy": "any"},
+            }, "partitionedBy": "any", "onNewTopic": "fromStart"},
             "shards": 4, "k": 10, "mode": "approximate",
             "sketch": {"epsilon": 0.001, "delta": 0.01, "candidates": 50},
             "allowedLateness": "1m", "maxFutureSkew": "5m", "maxKeyBytes": 100,

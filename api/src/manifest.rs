@@ -309,6 +309,39 @@ pub struct Source {
     /// once set.
     #[serde(default)]
     pub partitioned_by: PartitionedBy,
+    /// What a worker does when the input topic it finds has another id than the one its
+    /// saved state counted (deleted and created again, restored from a backup, a mirror, or
+    /// `kafka.topic` or `bootstrapServers` changed): `refuse` (the default) counts nothing of
+    /// it and keeps the metric `Degraded InputLost` until this says how; `fromStart` counts
+    /// the new topic from its oldest offset (a topic re-created with new events); `fromEnd`
+    /// counts only what arrives after (a copy of input already counted).
+    #[serde(default, skip_serializing_if = "NewTopicPolicy::is_default")]
+    pub on_new_topic: NewTopicPolicy,
+}
+
+/// See [`Source::on_new_topic`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum NewTopicPolicy {
+    #[default]
+    Refuse,
+    FromStart,
+    FromEnd,
+}
+
+impl NewTopicPolicy {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// As the spec spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refuse => "refuse",
+            Self::FromStart => "fromStart",
+            Self::FromEnd => "fromEnd",
+        }
+    }
 }
 
 /// How the input topic's records are keyed; see [`Source::partitioned_by`].

@@ -15,10 +15,14 @@ pub const LOSS_REASON: &str = "InputLost";
 pub enum LossKind {
     /// Retention deleted input before it was read.
     Expired,
-    /// The partition ends below the saved offset: the topic was re-created or truncated.
+    /// The partition ends below the saved offset and the broker gives no topic id to tell a
+    /// truncation from a re-created topic: the shard reads on from the partition's end, so
+    /// what a re-created partition held there is not counted. (A truncation of a topic whose
+    /// id is known misses nothing and is not reported.)
     BeyondEnd,
-    /// The input topic has another id than the one the state counted: it was deleted and
-    /// created again, so the shard counts the new partition from its start.
+    /// The input topic has another id than the one the state counted (deleted and created
+    /// again, restored from a backup, a mirror): the shard reads it as `source.onNewTopic`
+    /// says, or not at all (`refuse`, the default).
     Recreated,
     /// A saved state (checkpoint or handoff snapshot) could not be used: the shard was
     /// counted again from the oldest retained input.
@@ -52,11 +56,11 @@ impl ShardLoss {
                 self.offsets_lost
             ),
             LossKind::BeyondEnd => {
-                "its input partition ends below the saved offset (topic re-created or truncated)"
+                "its input partition ends below the saved offset and has no topic id to tell a truncation from a re-created topic; read on from its end"
                     .to_owned()
             }
             LossKind::Recreated => {
-                "its input topic was deleted and created again (a new topic id); the new partition is counted from its start"
+                "its input topic has a new id (deleted and created again, restored, or a mirror)"
                     .to_owned()
             }
             LossKind::StateUnusable => {

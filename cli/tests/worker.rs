@@ -36,6 +36,8 @@ use topk_worker::SummaryRecord;
 const SHARDS: u32 = 2;
 const KEYS: u32 = 40;
 const WAIT: Duration = Duration::from_secs(120);
+/// How the manifest's `spec.source` begins.
+const SOURCE: &str = "kafka: {bootstrapServers";
 
 fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
     metric_manifest(
@@ -758,9 +760,33 @@ async fn input_lost_to_retention_or_a_recreated_topic_is_counted_and_counting_go
     drop(worker);
 
     // The topic is deleted and created again, and refilled past the saved offsets before the
-    // worker is back: offsets alone would take it for the old one, its new id does not. The
-    // worker keeps what it counted and counts the new partitions from their start.
+    // worker is back: offsets alone would take it for the old one, its new id does not. By
+    // default (`onNewTopic: refuse`) the worker reads nothing of it, holds both shards and
+    // says why: the new topic could as well be a copy of what it counted.
     let input = recreate_input(&admin, &kafka, &fixture.input, input, 6_000).await;
+    let worker = fixture.serve_all_shards();
+    for shard in 0..SHARDS {
+        let loss = common::await_some("the refusal reported", WAIT, || {
+            fixture
+                .reported_loss(shard)
+                .filter(|l| l.kind == LossKind::Recreated)
+        });
+        assert!(loss.detail.contains("onNewTopic: refuse"), "{loss:?}");
+    }
+    common::await_some("both shards held", WAIT, || {
+        let (_, page) = common::get(&format!("{}/metrics", worker.base));
+        (metric(&page, "topk_worker_held_shards") == Some(f64::from(SHARDS))).then_some(())
+    });
+    let (_, page) = common::get(&format!("{}/metrics", worker.base));
+    assert_eq!(
+        metric(&page, "topk_worker_events_total"),
+        Some(0.0),
+        "{page}"
+    );
+    drop(worker);
+    // Told it is a new topic of new events, the worker keeps what it counted and counts the
+    // new partitions from their start.
+    fixture.edit(SOURCE, &format!("onNewTopic: fromStart, {SOURCE}"));
     restart_exact(&fixture, &kafka, &input, "recreated").await;
 }
 
@@ -774,6 +800,8 @@ async fn input_lost_under_a_running_worker_is_counted_and_counting_goes_on() {
     };
     let kafka = env.kafka_config();
     let fixture = Fixture::new(&env, "live-gaps").await;
+    // The topic re-created below is one of new events.
+    fixture.edit(SOURCE, &format!("onNewTopic: fromStart, {SOURCE}"));
     let admin: AdminClient<DefaultClientContext> = kafka.create().expect("admin");
     let mut input = Input::new(&kafka, &fixture.input);
     input.produce(3_000);

@@ -208,6 +208,16 @@ impl Pipeline {
     }
 }
 
+/// The time an event's `event_time` is judged against for `future_time`: the timestamp of the
+/// record that carried it, so that a replay decides as the first run did, but never later
+/// than the reader's clock. Producers that stamp records with the event time (Kafka Streams,
+/// Flink, `topk produce`) would otherwise pass any event, however far ahead: one such event
+/// would move its shard's watermark that far and make every honest event after it late.
+/// Only a record stamped ahead of the clock can be judged differently on a replay.
+pub fn future_reference_ms(record_ms: Option<i64>, clock_ms: i64) -> i64 {
+    record_ms.map_or(clock_ms, |record| record.min(clock_ms))
+}
+
 /// The checks every counting path makes on a parsed event before counting it (the ingest
 /// gateway makes them with no watermark: lateness is for the workers to judge).
 pub fn check_event(

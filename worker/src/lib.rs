@@ -61,6 +61,7 @@ pub fn settings(
         idle_timeout: std_duration(timing.idle_timeout),
         handoff_wait: std_duration(timing.handoff_wait),
         max_summary_record_bytes: timing.max_summary_record_bytes as usize,
+        on_new_topic: timing.on_new_topic,
     })
 }
 

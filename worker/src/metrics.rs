@@ -72,9 +72,12 @@ pub struct WorkerMetrics {
     pub scopes: Gauge,
     pub scopes_expired: Counter,
     pub owned_shards: Gauge,
+    pub held_shards: Gauge,
+    pub snapshot_failures: Counter,
     pub snapshots_published: Counter,
     pub shard_restores: Family<SourceLabel, Counter>,
     pub corrupt_state: Family<StateLabel, Counter>,
+    pub handoff_read_failures: Counter,
     pub input_gaps: Family<KindLabel, Counter>,
     pub input_offsets_lost: Counter,
     pub kafka_errors: Counter,
@@ -104,9 +107,12 @@ impl Default for WorkerMetrics {
             scopes: Gauge::default(),
             scopes_expired: Counter::default(),
             owned_shards: Gauge::default(),
+            held_shards: Gauge::default(),
+            snapshot_failures: Counter::default(),
             snapshots_published: Counter::default(),
             shard_restores: Family::default(),
             corrupt_state: Family::default(),
+            handoff_read_failures: Counter::default(),
             input_gaps: Family::default(),
             input_offsets_lost: Counter::default(),
             kafka_errors: Counter::default(),
@@ -245,9 +251,24 @@ impl Default for WorkerMetrics {
             m.scopes_expired.clone(),
         );
         registry.register(
+            "handoff_read_failures",
+            "Reads of the handoff topic that failed while taking a shard (each is tried again; without a local checkpoint the shard waits for the topic)",
+            m.handoff_read_failures.clone(),
+        );
+        registry.register(
             "owned_shards",
             "Shards this worker counts",
             m.owned_shards.clone(),
+        );
+        registry.register(
+            "held_shards",
+            "Owned shards read no further because their input topic has a new id and source.onNewTopic is refuse (the metric is Degraded InputLost until it says how)",
+            m.held_shards.clone(),
+        );
+        registry.register(
+            "snapshot_failures",
+            "Periodic handoff snapshots not published (a slow or unreachable broker); the one in force stays and the next interval tries again",
+            m.snapshot_failures.clone(),
         );
         registry.register(
             "snapshots_published",

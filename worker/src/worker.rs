@@ -22,17 +22,19 @@ use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::AssignmentTable;
+use topk_api::manifest::NewTopicPolicy;
 use topk_api::record::SummaryRecord;
 use topk_api::report::{LossKind, ShardLoss};
 use topk_api::topics::TopicNames;
 use topk_engine::event::{Event, EventParser, RejectReason};
+use topk_engine::pipeline::future_reference_ms;
 use topk_engine::shard::LookedAhead;
 use topk_engine::stream::ShardStream;
 use topk_engine::{EngineConfig, ShardSummary};
 
 use crate::checkpoint::{Checkpoint, CheckpointStore, EncodedCheckpoint, ShardCopy};
 use crate::error::Error;
-use crate::handoff::{self, Published};
+use crate::handoff::{self, Handoff, Published};
 use crate::metrics::{
     KindLabel, RestoreSource, ShardLabel, SourceLabel, StateLabel, WorkerMetrics,
 };
@@ -66,6 +68,8 @@ pub struct WorkerSettings {
     pub handoff_wait: Duration,
     /// Largest summary record; larger summaries are sent in parts.
     pub max_summary_record_bytes: usize,
+    /// Where a shard reads a new input topic (another id than its state counted) from.
+    pub on_new_topic: NewTopicPolicy,
 }
 
 /// The counting state of the owned shards: written by the counting thread a batch of input at
@@ -90,6 +94,8 @@ struct Owned {
     expired_scopes_counted: u64,
     /// Kafka's id of the input topic the state counts, if the broker gives ids.
     input_topic_id: Option<String>,
+    /// Not read: its input is a new topic and `onNewTopic: refuse` (see [`Resume::Hold`]).
+    held: bool,
 }
 
 /// State shared with the HTTP endpoints.
@@ -191,6 +197,24 @@ pub struct Worker {
     summaries: Vec<ShardSummary>,
 }
 
+/// Where [`Worker::resume_offset`] left a shard.
+struct Resumed {
+    next_offset: i64,
+    /// The input topic's id the state counts from now on.
+    topic_id: Option<String>,
+    held: bool,
+}
+
+impl Resumed {
+    fn at(next_offset: i64, topic_id: Option<String>) -> Self {
+        Self {
+            next_offset,
+            topic_id,
+            held: false,
+        }
+    }
+}
+
 /// What one [`Sink::consume_batch`] did.
 struct Batch {
     /// Messages and errors the consumer returned.
@@ -202,20 +226,31 @@ struct Batch {
 }
 
 /// Where a shard's next offset stands against its partition's retained offsets
-/// `[low, high)`, and so where it resumes.
+/// `[low, high)`; [`InputPosition::resume`] says where the shard reads on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputPosition {
     /// Retained (or the end): resume there.
     Retained,
     /// Older than the oldest retained offset: `lost` offsets were deleted by retention before
-    /// they were read. Resume at `low`.
+    /// they were read.
     Expired { lost: i64 },
-    /// Past the partition's end: the partition was re-created or truncated since the state
-    /// was saved. The state keeps what it counted; resume at `low`, the new partition's start.
+    /// Past the end of the same topic (its id unchanged): the partition was truncated (an
+    /// unclean leader election, a lost replica). Everything below the end was counted.
+    Truncated,
+    /// Past the partition's end where the broker gives no topic id: truncated, or re-created
+    /// with fewer records, which offsets cannot tell apart.
     BeyondEnd,
     /// Of another topic than the one the state counted (its id changed: deleted and created
-    /// again), wherever its offsets stand. As [`Self::BeyondEnd`]: resume at `low`.
+    /// again, restored from a backup, a mirror), wherever its offsets stand.
     Recreated,
+}
+
+/// Where a shard reads on (see [`InputPosition::resume`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    At(i64),
+    /// Nothing of the partition is read (a new topic under `onNewTopic: refuse`).
+    Hold,
 }
 
 impl InputPosition {
@@ -227,16 +262,37 @@ impl InputPosition {
         low: i64,
         high: i64,
     ) -> Self {
-        if counted.zip(current).is_some_and(|(a, b)| a != b) {
+        let same_topic = counted.zip(current).map(|(a, b)| a == b);
+        if same_topic == Some(false) {
             Self::Recreated
         } else if next_offset < low {
             Self::Expired {
                 lost: low - next_offset,
             }
         } else if next_offset > high {
-            Self::BeyondEnd
+            if same_topic == Some(true) {
+                Self::Truncated
+            } else {
+                Self::BeyondEnd
+            }
         } else {
             Self::Retained
+        }
+    }
+
+    /// Where the shard reads on from `next_offset` in a partition holding `[low, high)`. No
+    /// position makes it read an offset it may have counted: a truncated partition, or one
+    /// whose id cannot be told, is read from its end; a new topic as `policy` says.
+    pub fn resume(self, next_offset: i64, low: i64, high: i64, policy: NewTopicPolicy) -> Resume {
+        match self {
+            Self::Retained => Resume::At(next_offset),
+            Self::Expired { .. } => Resume::At(low),
+            Self::Truncated | Self::BeyondEnd => Resume::At(high),
+            Self::Recreated => match policy {
+                NewTopicPolicy::Refuse => Resume::Hold,
+                NewTopicPolicy::FromStart => Resume::At(low),
+                NewTopicPolicy::FromEnd => Resume::At(high),
+            },
         }
     }
 
@@ -244,6 +300,7 @@ impl InputPosition {
         match self {
             Self::Retained => "retained",
             Self::Expired { .. } => "expired",
+            Self::Truncated => "truncated",
             Self::BeyondEnd => "beyond_end",
             Self::Recreated => "recreated",
         }
@@ -363,9 +420,7 @@ impl Sink {
         owned.active = true;
         let metrics = &self.health.metrics;
         let payload = msg.payload();
-        // Future times are judged against the record's own timestamp, so that a replay
-        // decides as the first run did; only a record without one falls back to the clock.
-        let reference_ms = msg.timestamp_ms().unwrap_or(now_ms);
+        let reference_ms = future_reference_ms(msg.timestamp_ms(), now_ms);
         let outcome = parsed.and_then(|(event, ahead)| {
             stream.ingest_looked_ahead(&event, ahead, reference_ms, summaries)
         });
@@ -674,7 +729,8 @@ impl Worker {
         let shards: Vec<u32> = self
             .owned
             .iter()
-            .filter(|(_, o)| o.last_event.elapsed() >= idle)
+            // A held shard's watermark stays: its input is unknown, not idle.
+            .filter(|(_, o)| !o.held && o.last_event.elapsed() >= idle)
             .map(|(s, _)| *s)
             .collect();
         let mut moved = false;
@@ -824,10 +880,20 @@ impl Worker {
             }
             Err(err) => return Err(err),
         };
-        for (shard, published) in written.published? {
-            metrics.snapshots_published.inc();
-            if let Some(owned) = self.owned.get_mut(&shard) {
-                owned.published = Some(published);
+        match written.published {
+            Ok(published) => {
+                for (shard, published) in published {
+                    metrics.snapshots_published.inc();
+                    if let Some(owned) = self.owned.get_mut(&shard) {
+                        owned.published = Some(published);
+                    }
+                }
+            }
+            // A slow or unreachable broker: the snapshot in force stays (no manifest names the
+            // chunks sent), and the next interval publishes again. Counting goes on.
+            Err(err) => {
+                metrics.snapshot_failures.inc();
+                tracing::warn!(%err, "handoff snapshot not published; trying again at the next interval");
             }
         }
         if saved {
@@ -844,7 +910,7 @@ impl Worker {
         self.record_state();
         if self.last_lag_check.elapsed() >= LAG_CHECK_EVERY {
             self.measure_lag();
-            self.check_input_topic();
+            self.check_input_topic()?;
         }
         Ok(Some(written.checkpoints))
     }
@@ -884,6 +950,8 @@ impl Worker {
                     .set((now - wm) / 1000);
             }
         }
+        let held = self.owned.values().filter(|o| o.held).count();
+        metrics.held_shards.set(held as i64);
         metrics.state_bytes.set(state as i64);
         metrics.scopes.set(scopes as i64);
         metrics.dedupe_ids.set(ids as i64);
@@ -934,15 +1002,16 @@ impl Worker {
     /// created again under the running worker, and refilled past a shard's next offset before
     /// the shard fetched again, it is read on from there without an out-of-range answer, its
     /// start unread. Its new id tells: the gap is counted and reported (how many offsets went
-    /// unread is not known). A shard whose offset is past the new end is left to the broker's
-    /// out-of-range answer.
-    fn check_input_topic(&mut self) {
+    /// unread is not known). Under `onNewTopic: refuse` the shard is held there instead. A
+    /// shard whose offset is past the new end is left to the broker's out-of-range answer.
+    fn check_input_topic(&mut self) -> Result<(), Error> {
         let Some(current) = self.input_topic_id() else {
-            return;
+            return Ok(());
         };
+        let hold = self.sink.settings.on_new_topic == NewTopicPolicy::Refuse;
         let mut missed = Vec::new();
         for (shard, owned) in &mut self.owned {
-            if owned.input_topic_id.as_ref() == Some(&current) {
+            if owned.held || owned.input_topic_id.as_ref() == Some(&current) {
                 continue;
             }
             if let Some(counted) = &owned.input_topic_id {
@@ -958,11 +1027,19 @@ impl Worker {
                 match high {
                     Ok(high) if owned.next_offset <= high => {
                         missed.push((*shard, counted.clone(), owned.next_offset));
+                        if hold {
+                            // Keeps the id it counted: a restart decides the same.
+                            owned.held = true;
+                            continue;
+                        }
                     }
                     _ => continue,
                 }
             }
             owned.input_topic_id = Some(current.clone());
+        }
+        if hold && !missed.is_empty() {
+            self.assign_owned()?;
         }
         for (shard, counted, next_offset) in missed {
             self.sink
@@ -978,15 +1055,21 @@ impl Worker {
                 counted_topic_id = counted,
                 topic_id = current,
                 next_offset,
-                "the input topic was created again under the running worker and read on from the old offset"
+                held = hold,
+                "the input topic was created again under the running worker"
             );
-            self.report_loss(
-                shard,
-                LossKind::Recreated,
-                0,
-                format!("re-created while running; offsets of the new partition below {next_offset} may be uncounted"),
-            );
+            let detail = if hold {
+                format!(
+                    "re-created while running; reading nothing of it from offset {next_offset} until source.onNewTopic says how"
+                )
+            } else {
+                format!(
+                    "re-created while running; offsets of the new partition below {next_offset} may be uncounted"
+                )
+            };
+            self.report_loss(shard, LossKind::Recreated, 0, detail);
         }
+        Ok(())
     }
 
     /// Every owned shard's state as it is, for a checkpoint; point counts are answered
@@ -1102,7 +1185,7 @@ impl Worker {
     /// Has the consumer read every owned shard from its next offset.
     fn assign_owned(&self) -> Result<(), Error> {
         let mut tpl = TopicPartitionList::new();
-        for (shard, owned) in &self.owned {
+        for (shard, owned) in self.owned.iter().filter(|(_, o)| !o.held) {
             tpl.add_partition_offset(
                 &self.sink.settings.input_topic,
                 *shard as i32,
@@ -1126,14 +1209,14 @@ impl Worker {
     }
 
     /// Where a shard resumes from `next_offset`, saved while counting the topic whose id is
-    /// `counted`: there if the partition still holds it, else from the partition's oldest
-    /// offset, counted and logged as the gap it is. Returns the offset and the topic's id now.
+    /// `counted`: there if the partition still holds it, else as [`InputPosition::resume`]
+    /// decides, counted, logged and (where input may be missed) reported.
     fn resume_offset(
         &self,
         shard: u32,
         next_offset: i64,
         counted: Option<&str>,
-    ) -> Result<(i64, Option<String>), Error> {
+    ) -> Result<Resumed, Error> {
         let current = self.input_topic_id();
         let watermarks = self.input.consumer().fetch_watermarks(
             &self.sink.settings.input_topic,
@@ -1146,13 +1229,21 @@ impl Worker {
                 // Checked again by the broker itself: an offset out of range comes back as
                 // an error message, handled by `resume_out_of_range`.
                 tracing::warn!(shard, %err, "cannot read the partition's offsets; resuming as saved");
-                return Ok((next_offset, counted.map(str::to_owned).or(current)));
+                return Ok(Resumed::at(
+                    next_offset,
+                    counted.map(str::to_owned).or(current),
+                ));
             }
         };
         let position = InputPosition::of(next_offset, (counted, current.as_deref()), low, high);
         if position == InputPosition::Retained {
-            return Ok((next_offset, current.or(counted.map(str::to_owned))));
+            return Ok(Resumed::at(
+                next_offset,
+                current.or(counted.map(str::to_owned)),
+            ));
         }
+        let policy = self.sink.settings.on_new_topic;
+        let resume = position.resume(next_offset, low, high, policy);
         let metrics = &self.sink.health.metrics;
         metrics
             .input_gaps
@@ -1160,9 +1251,10 @@ impl Worker {
                 kind: position.as_str(),
             })
             .inc();
-        if let InputPosition::Expired { lost } = position {
-            metrics.input_offsets_lost.inc_by(lost as u64);
-        }
+        let at = match resume {
+            Resume::At(offset) => format!("reading on at offset {offset}"),
+            Resume::Hold => "reading nothing of it until source.onNewTopic says how".to_owned(),
+        };
         tracing::error!(
             shard,
             next_offset,
@@ -1171,20 +1263,31 @@ impl Worker {
             counted_topic_id = counted,
             topic_id = current.as_deref(),
             position = position.as_str(),
-            "the shard's next offset is outside its partition; resuming at the oldest retained offset"
+            "the shard's next offset is outside its partition; {at}"
         );
-        let (kind, offsets_lost) = match position {
-            InputPosition::Expired { lost } => (LossKind::Expired, lost as u64),
-            InputPosition::Recreated => (LossKind::Recreated, 0),
-            _ => (LossKind::BeyondEnd, 0),
-        };
-        self.report_loss(
-            shard,
-            kind,
-            offsets_lost,
-            format!("saved offset {next_offset}, partition holds {low}..{high}"),
-        );
-        Ok((low, current))
+        let detail = format!("saved offset {next_offset}, partition holds {low}..{high}; {at}");
+        match position {
+            InputPosition::Expired { lost } => {
+                metrics.input_offsets_lost.inc_by(lost as u64);
+                self.report_loss(shard, LossKind::Expired, lost as u64, detail);
+            }
+            InputPosition::BeyondEnd => self.report_loss(shard, LossKind::BeyondEnd, 0, detail),
+            InputPosition::Recreated => {
+                let policy = format!("{detail} (source.onNewTopic: {})", policy.as_str());
+                self.report_loss(shard, LossKind::Recreated, 0, policy);
+            }
+            // Everything the truncated partition held was counted: nothing is missed.
+            InputPosition::Truncated | InputPosition::Retained => {}
+        }
+        Ok(match resume {
+            Resume::At(offset) => Resumed::at(offset, current),
+            // The state keeps the id it counted, so the same decision is made on a restart.
+            Resume::Hold => Resumed {
+                next_offset,
+                topic_id: counted.map(str::to_owned),
+                held: true,
+            },
+        })
     }
 
     /// Tells the operator that a shard's counts miss input (the metric turns `Degraded`).
@@ -1209,13 +1312,95 @@ impl Worker {
             else {
                 continue;
             };
-            let (resume, topic_id) = self.resume_offset(*shard, next_offset, counted.as_deref())?;
+            let resumed = self.resume_offset(*shard, next_offset, counted.as_deref())?;
             if let Some(owned) = self.owned.get_mut(shard) {
-                owned.next_offset = resume;
-                owned.input_topic_id = topic_id;
+                owned.next_offset = resumed.next_offset;
+                owned.input_topic_id = resumed.topic_id;
+                owned.held = resumed.held;
             }
         }
         self.assign_owned()
+    }
+
+    /// The handoff topic's newest snapshot of `shard`, read as [`Self::restore`] needs it. A
+    /// shard that moved here (epoch above 1) waits up to `handoff_wait` for its previous
+    /// owner's release snapshot. A topic that cannot be read is read again: after
+    /// `handoff_wait`, a local checkpoint (`local`) is used without it (replayed from its
+    /// offset, it is as exact), and so is a fresh state where the input still holds its
+    /// first offset; otherwise the shard waits for the topic, reported as `StateUnusable`, as
+    /// counting it from the oldest retained input would silently drop its history.
+    fn read_handoff(
+        &self,
+        shard: u32,
+        epoch: u64,
+        local: Option<&Checkpoint>,
+    ) -> Result<Option<Handoff>, Error> {
+        let topic = self.sink.settings.topics.snapshots.clone();
+        let deadline = Instant::now() + self.sink.settings.handoff_wait;
+        let own_is_newest = local.is_some_and(|cp| cp.epoch + 1 >= epoch);
+        let mut waiting_reported = false;
+        let mut pause = Duration::from_millis(200);
+        loop {
+            let found = match handoff::fetch_latest(&self.snapshot_reader, &topic, shard) {
+                Ok(found) => found,
+                Err(err) => {
+                    self.sink.health.metrics.handoff_read_failures.inc();
+                    tracing::warn!(shard, %err, "cannot read the handoff topic");
+                    if Instant::now() >= deadline {
+                        if local.is_some() || self.input_starts_at_zero(shard) {
+                            tracing::warn!(
+                                shard,
+                                "restoring without the handoff topic: the local checkpoint or the whole input is as exact"
+                            );
+                            return Ok(None);
+                        }
+                        if !waiting_reported {
+                            waiting_reported = true;
+                            tracing::error!(shard, %err, "waiting for the handoff topic: without it the shard's history would be lost");
+                            self.report_loss(
+                                shard,
+                                LossKind::StateUnusable,
+                                0,
+                                format!("the handoff topic {topic} cannot be read ({err}); the shard waits for it"),
+                            );
+                        }
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                    }
+                    std::thread::sleep(pause);
+                    continue;
+                }
+            };
+            let previous_released = found
+                .as_ref()
+                .is_some_and(|h| h.released && h.checkpoint.epoch + 1 >= epoch);
+            if epoch <= 1 || previous_released || own_is_newest || Instant::now() >= deadline {
+                if epoch > 1 && !previous_released && !own_is_newest {
+                    tracing::warn!(
+                        shard,
+                        epoch,
+                        "no release snapshot from the previous owner; restoring the newest one found"
+                    );
+                }
+                if waiting_reported {
+                    tracing::info!(shard, "the handoff topic is readable again");
+                }
+                return Ok(found);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Whether the input partition of `shard` still holds its first offset (0), so that
+    /// counting it from the start misses nothing; false when that cannot be read.
+    fn input_starts_at_zero(&self, shard: u32) -> bool {
+        self.input
+            .consumer()
+            .fetch_watermarks(
+                &self.sink.settings.input_topic,
+                shard as i32,
+                Duration::from_secs(10),
+            )
+            .is_ok_and(|(low, _)| low == 0)
     }
 
     /// The newest state of a shard: this worker's own checkpoint or the handoff topic's
@@ -1251,30 +1436,7 @@ impl Worker {
             }
             other => other?,
         };
-        let topic = &self.sink.settings.topics.snapshots;
-        let deadline = Instant::now() + self.sink.settings.handoff_wait;
-        let remote = loop {
-            let found =
-                handoff::fetch_latest(&self.snapshot_reader, topic, shard).unwrap_or_else(|err| {
-                    tracing::warn!(shard, %err, "cannot read the handoff topic");
-                    None
-                });
-            let previous_released = found
-                .as_ref()
-                .is_some_and(|h| h.released && h.checkpoint.epoch + 1 >= epoch);
-            let own_is_newest = local.as_ref().is_some_and(|cp| cp.epoch + 1 >= epoch);
-            if epoch <= 1 || previous_released || own_is_newest || Instant::now() >= deadline {
-                if epoch > 1 && !previous_released && !own_is_newest {
-                    tracing::warn!(
-                        shard,
-                        epoch,
-                        "no release snapshot from the previous owner; restoring the newest one found"
-                    );
-                }
-                break found;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
+        let remote = self.read_handoff(shard, epoch, local.as_ref())?;
         let published = remote.as_ref().map(|h| h.published.clone());
         let newest = [
             local.map(|cp| (RestoreSource::Local, cp)),
@@ -1331,18 +1493,18 @@ impl Worker {
             }
         };
         stream.set_epoch(epoch);
-        let (next_offset, input_topic_id) =
-            self.resume_offset(shard, next_offset, counted.as_deref())?;
+        let resumed = self.resume_offset(shard, next_offset, counted.as_deref())?;
         let owned = Owned {
             parser: EventParser::new(self.sink.settings.engine.max_key_bytes),
             epoch,
-            next_offset,
+            next_offset: resumed.next_offset,
             last_event: Instant::now(),
             active: false,
             outbox,
             published,
             expired_scopes_counted: 0,
-            input_topic_id,
+            input_topic_id: resumed.topic_id,
+            held: resumed.held,
         };
         Ok((owned, stream))
     }
@@ -1350,7 +1512,7 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::InputPosition;
+    use super::{InputPosition, NewTopicPolicy, Resume};
 
     #[test]
     fn a_next_offset_outside_the_retained_range_is_named() {
@@ -1362,7 +1524,7 @@ mod tests {
             InputPosition::of(3, same, 8, 10),
             InputPosition::Expired { lost: 5 }
         );
-        assert_eq!(InputPosition::of(11, same, 0, 10), InputPosition::BeyondEnd);
+        assert_eq!(InputPosition::of(11, same, 0, 10), InputPosition::Truncated);
         // A re-created, empty partition whose id is not known.
         assert_eq!(
             InputPosition::of(500, (None, Some("new")), 0, 0),
@@ -1378,5 +1540,39 @@ mod tests {
                 InputPosition::Recreated
             );
         }
+    }
+
+    #[test]
+    fn no_position_resumes_below_an_offset_the_shard_may_have_counted() {
+        let policies = [
+            NewTopicPolicy::Refuse,
+            NewTopicPolicy::FromStart,
+            NewTopicPolicy::FromEnd,
+        ];
+        for policy in policies {
+            // A truncated partition: everything below its end was counted.
+            assert_eq!(
+                InputPosition::Truncated.resume(11, 0, 10, policy),
+                Resume::At(10)
+            );
+            // Truncated or re-created, offsets cannot tell: nothing there is read twice.
+            assert_eq!(
+                InputPosition::BeyondEnd.resume(500, 0, 20, policy),
+                Resume::At(20)
+            );
+            assert_eq!(
+                InputPosition::Expired { lost: 5 }.resume(3, 8, 10, policy),
+                Resume::At(8)
+            );
+            assert_eq!(
+                InputPosition::Retained.resume(5, 0, 10, policy),
+                Resume::At(5)
+            );
+        }
+        // A new topic id: as the policy says, held by default.
+        let recreated = |policy| InputPosition::Recreated.resume(5, 0, 10, policy);
+        assert_eq!(recreated(NewTopicPolicy::default()), Resume::Hold);
+        assert_eq!(recreated(NewTopicPolicy::FromStart), Resume::At(0));
+        assert_eq!(recreated(NewTopicPolicy::FromEnd), Resume::At(10));
     }
 }

@@ -233,6 +233,14 @@ impl Stack {
         );
     }
 
+    /// SIGKILLs the reducer, runs `meanwhile`, and starts it again on the same state.
+    pub fn restart_reducer_after(&mut self, meanwhile: impl FnOnce()) {
+        let _ = self.reducer.child.kill();
+        let _ = self.reducer.child.wait();
+        meanwhile();
+        self.restart_reducer();
+    }
+
     /// The reducer's ranking store (a RocksDB directory).
     pub fn reducer_store(&self) -> PathBuf {
         self.dir.join("reducer").join("rankings")
@@ -240,9 +248,7 @@ impl Stack {
 
     /// Worker `ordinal`'s checkpoint store (a RocksDB directory).
     pub fn worker_store(&self, ordinal: u32) -> PathBuf {
-        self.dir
-            .join(format!("worker-{ordinal}"))
-            .join("checkpoints")
+        self.worker_dir(ordinal).join("checkpoints")
     }
 
     /// Replaces the assignment table the reducer and the workers started by [`Self::worker`]
@@ -256,7 +262,7 @@ impl Stack {
     }
 
     fn worker_args_on(&self, ordinal: u32, assignment: &str) -> Vec<String> {
-        let state = self.dir.join(format!("worker-{ordinal}"));
+        let state = self.worker_dir(ordinal);
         let mut args = vec![
             "worker".into(),
             "--config".into(),
@@ -296,8 +302,19 @@ impl Stack {
 
     /// [`Self::worker`] with its HTTP address (its log is not shown).
     pub fn served_worker(&self, ordinal: u32) -> Server {
+        self.served_worker_with(ordinal, &[])
+    }
+
+    /// [`Self::served_worker`] with further arguments (e.g. `--report-file`).
+    pub fn served_worker_with(&self, ordinal: u32, extra: &[&str]) -> Server {
         let args = self.worker_args(ordinal);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(extra);
         spawn(&args)
+    }
+
+    /// Worker `ordinal`'s state directory (its checkpoints and nothing else).
+    pub fn worker_dir(&self, ordinal: u32) -> PathBuf {
+        self.dir.join(format!("worker-{ordinal}"))
     }
 }
