@@ -66,6 +66,34 @@ fn read_hour(
     (manifest, counts)
 }
 
+/// A metric of [`manifest`] on the test broker: its input topic (2 partitions), internal
+/// topics, and the config the operator renders for it.
+struct Metric {
+    input: String,
+    topics: TopicNames,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+}
+
+impl Metric {
+    fn create(env: &TestEnv) -> Self {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let ns = "recount";
+        let name = unique_name("plays");
+        let input = unique_name("plays-input");
+        runtime.block_on(env.create_metric_topics(ns, &name, &input, 2));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifest = manifest(&name, &env.kafka_bootstrap, &input);
+        let config = common::rendered_config(dir.path(), &manifest, ns);
+        Self {
+            input,
+            topics: TopicNames::of(ns, &name),
+            dir,
+            config,
+        }
+    }
+}
+
 /// (arrival = message timestamp, event time, scope, key, event_id, counted by the oracle?)
 type Produced = (i64, i64, &'static str, String, Option<String>, bool);
 
@@ -74,18 +102,12 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
     let Some(env) = TestEnv::get("recount on kafka") else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let ns = "recount";
-    let name = unique_name("plays");
-    let input = unique_name("plays-input");
-    let topics = TopicNames::of(ns, &name);
-    runtime.block_on(env.create_metric_topics(ns, &name, &input, 2));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = common::rendered_config(
-        dir.path(),
-        &manifest(&name, &env.kafka_bootstrap, &input),
-        ns,
-    );
+    let Metric {
+        input,
+        topics,
+        dir,
+        config,
+    } = Metric::create(&env);
 
     let producer: ThreadedProducer<DefaultProducerContext> = env
         .kafka_config()
@@ -230,4 +252,79 @@ fn recount_counts_the_hour_exactly_once_and_reruns_the_same() {
         .expect("run topk recount");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the start of an hour"));
+}
+
+/// What the workers reject, the recount rejects too: an event with a scope of a million bytes
+/// (inside Kafka's and topk's event limits, far over `maxScopeBytes`) and one on another key's
+/// partition are counted by reason, and the hour becomes exact (once, one such scope made
+/// every chunk too large for Kafka and every run of the hour fail).
+#[test]
+fn an_oversize_scope_or_a_misrouted_event_never_keeps_an_hour_from_becoming_exact() {
+    let Some(env) = TestEnv::get("recount of bad events") else {
+        return;
+    };
+    let Metric {
+        input,
+        topics,
+        dir,
+        config,
+    } = Metric::create(&env);
+    let producer: ThreadedProducer<DefaultProducerContext> = env
+        .kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer");
+    let send = |scope: &str, key: &str, partition: Option<i32>| {
+        let time = HOUR + 5 * MINUTE;
+        let payload =
+            serde_json::json!({"event_time": time, "metric": "plays", "scope": scope, "key": key})
+                .to_string();
+        let mkey = message_key("plays", scope, key);
+        let mut record = BaseRecord::to(&input)
+            .key(&mkey)
+            .payload(&payload)
+            .timestamp(time);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        producer.send(record).expect("enqueue");
+    };
+    let mut oracle: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for i in 0..100 {
+        let key = format!("song-{}", i % 7);
+        send("", &key, None);
+        *oracle.entry((String::new(), key)).or_default() += 1;
+    }
+    send(&"s".repeat(1_000_000), "song-1", None);
+    let owner = topk_engine::partition::shard_for("plays", "", "song-2", 2) as i32;
+    send("", "song-2", Some(1 - owner));
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let hour = format_rfc3339_ms(HOUR);
+    let out = common::topk()
+        .args(["recount", "--config"])
+        .arg(&config)
+        .args(["--hour", &hour])
+        .arg("--spill-dir")
+        .arg(dir.path().join("spill"))
+        .output()
+        .expect("run topk recount");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (manifest, counts) = read_hour(&env, &topics.exact_hours, &hour);
+    assert_eq!(counts, oracle);
+    assert_eq!(
+        manifest.rejected.get("oversize_scope"),
+        Some(&1),
+        "{manifest:?}"
+    );
+    assert_eq!(
+        manifest.rejected.get("wrong_shard"),
+        Some(&1),
+        "{manifest:?}"
+    );
 }

@@ -51,8 +51,8 @@ fn main() {
         let (bare, _) = bare_consumer(&env, &input, PARTITIONS, events, Reads::Batch);
         let spill = tempfile::tempdir().expect("tempdir");
         let settings = RecountSettings {
-            metric: "bench".into(),
-            max_key_bytes: 256,
+            engine: engine("bench", PARTITIONS as u32),
+            keyed: true,
             config_version: "bench".into(),
             kafka: topk_api::KafkaClients::one_cluster(
                 topk_api::kafka::KafkaProperties::plaintext(&env.kafka_bootstrap),
@@ -96,5 +96,24 @@ fn main() {
             bare.as_secs_f64() / took.as_secs_f64(),
             cpu.map_or("-".into(), |cpu| format!("{:.0}", per_sec(cpu))),
         );
+    }
+}
+
+/// The counting config the recount checks events against: `shards` input partitions, keys
+/// up to 256 bytes, events up to 5 minutes ahead of their record's timestamp.
+fn engine(metric: &str, shards: u32) -> topk_engine::EngineConfig {
+    topk_engine::EngineConfig {
+        metric: metric.into(),
+        shards,
+        k: 10,
+        mode: topk_engine::Mode::Exact,
+        allowed_lateness_ms: 60_000,
+        max_future_skew_ms: 300_000,
+        max_key_bytes: 256,
+        max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
+        max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
+        windows: vec![topk_engine::WindowConfig::sliding("1h", HOUR_MS, 60_000)],
+        dedupe: None,
+        trending: None,
     }
 }

@@ -1,8 +1,9 @@
 //! The exact recount of one closed hour, which the operator's hourly Job runs
 //! (`topk recount`). It finds the hour on every input partition by message timestamp, reads
 //! from a little before the hour to past its end plus the grace, keeps the events whose event
-//! time is in the hour, drops repeated `event_id`s, counts exactly per (scope, key) in bounded
-//! memory, and writes the hour to the compacted exact-hours topic: chunks first, the manifest
+//! time is in the hour, drops repeated `event_id`s and what the workers reject (the same
+//! checks: scope and key sizes, future times, keys on another key's shard), counts exactly per
+//! (scope, key) in bounded memory, and writes the hour to the compacted exact-hours topic: chunks first, the manifest
 //! last, under keys that a rerun overwrites.
 
 pub mod counter;
@@ -19,7 +20,10 @@ use topk_api::DataPlaneConfig;
 use topk_api::KafkaClients;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, ScopedCount, exact_hour_key};
 use topk_api::topics::TopicNames;
+use topk_engine::EngineConfig;
 use topk_engine::event::{Event, EventParser, RejectReason, format_rfc3339_ms};
+use topk_engine::partition::shard_for;
+use topk_engine::pipeline::{check_event, future_reference_ms};
 use topk_runtime::input::InputConsumer;
 use topk_runtime::output::{ChunkedWrite, DeliveryCounter};
 
@@ -35,8 +39,11 @@ const BATCH: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct RecountSettings {
-    pub metric: String,
-    pub max_key_bytes: usize,
+    /// The metric's counting config: events are checked as the workers check them.
+    pub engine: EngineConfig,
+    /// Whether input partitions are shards (`partitionedBy: key`): an event on another
+    /// partition than its key's is rejected as `wrong_shard`, as a worker rejects it.
+    pub keyed: bool,
     pub config_version: String,
     /// The Kafka clusters (input, internal topics) and how to connect, credentials included.
     pub kafka: topk_api::KafkaClients,
@@ -66,8 +73,8 @@ pub fn settings(
         )));
     }
     Ok(RecountSettings {
-        metric: config.engine.metric.clone(),
-        max_key_bytes: config.engine.max_key_bytes,
+        engine: config.engine.clone(),
+        keyed: config.combine.is_none(),
         config_version: config.config_version(),
         kafka,
         input_topic: config.kafka.input_topic.clone(),
@@ -125,7 +132,10 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     let hour_end = settings.hour_start_ms + HOUR_MS;
     let input = InputConsumer::new(
         topk_runtime::client_config(&settings.kafka.input)
-            .set("group.id", format!("topk-{}-recount", settings.metric))
+            .set(
+                "group.id",
+                format!("topk-{}-recount", settings.engine.metric),
+            )
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
             // With a full local queue librdkafka pauses fetching for this long (1 s by
@@ -154,7 +164,7 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     tracing::info!(hour, ?ranges, "recounting");
     let mut counter = HourCounter::open(&settings.spill_dir, settings.max_in_memory)?;
     let mut manifest = ExactHourManifest {
-        metric: settings.metric.clone(),
+        metric: settings.engine.metric.clone(),
         hour: hour.clone(),
         run_id: run_id(),
         chunks: 0,
@@ -177,10 +187,11 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
         // All partitions are fetched at once by the client; counting is one loop.
         consumer.assign(&tpl)?;
         let mut open: BTreeMap<i32, i64> = ranges.iter().map(|(p, (_, end))| (*p, *end)).collect();
-        let parser = EventParser::new(settings.max_key_bytes);
+        let parser = EventParser::new(settings.engine.max_key_bytes);
         let mut batch = Vec::with_capacity(BATCH);
         while !open.is_empty() {
             let read = input.read(Duration::from_millis(500), BATCH, &mut batch);
+            let clock_ms = topk_runtime::now_ms();
             input.drain_logs();
             if read == 0 {
                 // A partition can end in offsets that are never delivered as messages: the
@@ -206,11 +217,16 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
                     continue;
                 }
                 manifest.events_read += 1;
+                let read = Read {
+                    partition: msg.partition(),
+                    reference_ms: future_reference_ms(msg.timestamp_ms(), clock_ms),
+                };
                 count_one(
                     settings,
                     &mut counter,
                     &mut manifest,
                     parser.parse(msg.payload()),
+                    read,
                     hour_end,
                 )?;
             }
@@ -253,11 +269,20 @@ fn close_passed(
     Ok(())
 }
 
+/// Where an event was read: its partition, and the time its `event_time` is judged against
+/// for `future_time`.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    partition: i32,
+    reference_ms: i64,
+}
+
 fn count_one(
     settings: &RecountSettings,
     counter: &mut HourCounter,
     manifest: &mut ExactHourManifest,
     parsed: Result<Event<'_>, RejectReason>,
+    read: Read,
     hour_end: i64,
 ) -> Result<(), Error> {
     let reject = |manifest: &mut ExactHourManifest, reason: RejectReason| {
@@ -273,12 +298,25 @@ fn count_one(
             return Ok(());
         }
     };
-    if event.metric != settings.metric {
+    let engine = &settings.engine;
+    if event.metric != engine.metric {
         reject(manifest, RejectReason::OtherMetric);
         return Ok(());
     }
     if event.time_ms < settings.hour_start_ms || event.time_ms >= hour_end {
         manifest.outside_hour += 1;
+        return Ok(());
+    }
+    // Lateness is not the recount's to judge: every event of the hour within the grace is in.
+    if let Err(reason) = check_event(engine, &event, read.reference_ms, None) {
+        reject(manifest, reason);
+        return Ok(());
+    }
+    if settings.keyed
+        && shard_for(&engine.metric, &event.scope, &event.key, engine.shards) as i32
+            != read.partition
+    {
+        reject(manifest, RejectReason::WrongShard);
         return Ok(());
     }
     if let Some(id) = &event.event_id
@@ -290,6 +328,19 @@ fn count_one(
     counter.add(&event.scope, &event.key, event.cost)?;
     manifest.counted += 1;
     Ok(())
+}
+
+/// At most the bytes `text` takes as a JSON string: quotes, escapes (six bytes for a control
+/// character) included.
+fn json_string_bytes(text: &str) -> usize {
+    2 + text
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
 }
 
 /// A name for this run: its pod (a retried Job's pods differ), start time and process.
@@ -334,13 +385,15 @@ fn publish(
         Ok(())
     };
     counter.drain(|count: ScopedCount| {
-        bytes += count.scope.len() + count.key.len() + 48;
-        keys += 1;
-        chunk.counts.push(count);
-        if bytes >= CHUNK_BYTES {
+        // Sized before it is added: a chunk holds one count or stays within CHUNK_BYTES.
+        let size = json_string_bytes(&count.scope) + json_string_bytes(&count.key) + 64;
+        if bytes + size > CHUNK_BYTES && !chunk.counts.is_empty() {
             flush(&mut chunk)?;
             bytes = 0;
         }
+        bytes += size;
+        keys += 1;
+        chunk.counts.push(count);
         Ok(())
     })?;
     if !chunk.counts.is_empty() {
@@ -348,4 +401,25 @@ fn publish(
     }
     manifest.keys = keys;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_string_bytes;
+
+    #[test]
+    fn a_string_never_takes_more_json_than_its_estimate() {
+        for text in [
+            "",
+            "plain",
+            "quo\"te",
+            "back\\slash",
+            "\n\t\u{1}",
+            "é😀",
+            "\u{7f}",
+        ] {
+            let encoded = serde_json::to_string(text).expect("json");
+            assert!(encoded.len() <= json_string_bytes(text), "{text:?}");
+        }
+    }
 }

@@ -59,8 +59,8 @@ fn a_transactional_hour_is_recounted_to_its_end() {
 
     let spill = tempfile::tempdir().expect("tempdir");
     let settings = RecountSettings {
-        metric: "tx".into(),
-        max_key_bytes: 256,
+        engine: engine("tx", 2),
+        keyed: true,
         config_version: "test".into(),
         kafka: topk_api::KafkaClients::one_cluster(topk_api::kafka::KafkaProperties::plaintext(
             &env.kafka_bootstrap,
@@ -90,4 +90,23 @@ fn a_transactional_hour_is_recounted_to_its_end() {
     );
     assert_eq!(manifest.keys, 20);
     runtime.block_on(env.delete_metric_topics(ns, &name, &input, 2));
+}
+
+/// The counting config the recount checks events against: `shards` input partitions, keys
+/// up to 256 bytes, events up to 5 minutes ahead of their record's timestamp.
+fn engine(metric: &str, shards: u32) -> topk_engine::EngineConfig {
+    topk_engine::EngineConfig {
+        metric: metric.into(),
+        shards,
+        k: 10,
+        mode: topk_engine::Mode::Exact,
+        allowed_lateness_ms: 60_000,
+        max_future_skew_ms: 300_000,
+        max_key_bytes: 256,
+        max_scope_bytes: topk_engine::config::DEFAULT_MAX_SCOPE_BYTES,
+        max_scopes: topk_engine::config::DEFAULT_MAX_SCOPES,
+        windows: vec![topk_engine::WindowConfig::sliding("1h", HOUR_MS, 60_000)],
+        dedupe: None,
+        trending: None,
+    }
 }
