@@ -175,32 +175,57 @@ fn table() -> String {
     serde_json::json!({"version": 1, "shards": shards}).to_string()
 }
 
+/// A metric with combiners: its input (keyed by session), its internal topics and the config
+/// the operator renders for it.
+struct Metric {
+    ns: &'static str,
+    name: String,
+    input_topic: String,
+    combine: CombineTopics,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+}
+
+impl Metric {
+    async fn create(env: &TestEnv) -> Self {
+        let kafka = env.kafka_config();
+        let ns = "test";
+        let name = unique_name("combined");
+        let input_topic = unique_name("sessions");
+        create_topic(&kafka, &input_topic, INPUT_PARTITIONS, &[]).await;
+        create_internal_topics(&kafka, ns, &name, SHARDS).await;
+        let combine = CombineTopics::of(ns, &name);
+        create_topic(&kafka, &combine.partials, SHARDS as i32, &[]).await;
+        let compacted = [("cleanup.policy", "compact")];
+        create_topic(&kafka, &combine.offsets, 1, &compacted).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifest = manifest(&name, &env.kafka_bootstrap, &input_topic);
+        let config = common::rendered_config(dir.path(), &manifest, ns);
+        Self {
+            ns,
+            name,
+            input_topic,
+            combine,
+            dir,
+            config,
+        }
+    }
+}
+
 #[tokio::test]
 async fn sigkilled_combiners_neither_lose_nor_double_a_count_and_a_viral_key_arrives_as_sums() {
     let Some(env) = TestEnv::get("combiners exactly-once") else {
         return;
     };
     let kafka = env.kafka_config();
-    let ns = "test";
-    let name = unique_name("combined");
-    let input_topic = unique_name("sessions");
-    create_topic(&kafka, &input_topic, INPUT_PARTITIONS, &[]).await;
-    create_internal_topics(&kafka, ns, &name, SHARDS).await;
-    let combine = CombineTopics::of(ns, &name);
-    create_topic(&kafka, &combine.partials, SHARDS as i32, &[]).await;
-    create_topic(
-        &kafka,
-        &combine.offsets,
-        1,
-        &[("cleanup.policy", "compact")],
-    )
-    .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = common::rendered_config(
-        dir.path(),
-        &manifest(&name, &env.kafka_bootstrap, &input_topic),
+    let Metric {
         ns,
-    );
+        name,
+        input_topic,
+        combine,
+        dir,
+        config,
+    } = Metric::create(&env).await;
 
     let mut input = Input::new(&kafka, &input_topic);
     let start = topk_runtime::now_ms() - 600_000;
@@ -314,4 +339,87 @@ async fn sigkilled_combiners_neither_lose_nor_double_a_count_and_a_viral_key_arr
     .await;
     assert_eq!(counted, want);
     drop(worker);
+}
+
+/// Retention deletes input while the combiners are down: they read on from the oldest retained
+/// offset, and count what they never read (before, librdkafka's `earliest` reset moved them on
+/// in silence). Every retained event is summed once.
+#[tokio::test]
+async fn input_deleted_before_the_combiners_read_it_is_counted_and_summing_goes_on() {
+    let Some(env) = TestEnv::get("combiners across an input gap") else {
+        return;
+    };
+    let kafka = env.kafka_config();
+    let metric = Metric::create(&env).await;
+    let (input_topic, combine, config) = (&metric.input_topic, &metric.combine, &metric.config);
+    let config_arg = config.to_string_lossy().into_owned();
+    let serve =
+        |ordinal: &str| common::spawn(&["combine", "--config", &config_arg, "--ordinal", ordinal]);
+    let mut input = Input::new(&kafka, input_topic);
+    let start = topk_runtime::now_ms() - 600_000;
+    input.produce(start, 2_000);
+    let summed = |want: BTreeMap<String, u64>| {
+        let kafka = kafka.clone();
+        let partials_topic = combine.partials.clone();
+        async move {
+            await_some("every retained event summed once", WAIT, || async {
+                let (costs, _) = partials(&kafka, &partials_topic);
+                (costs == want).then_some(())
+            })
+            .await
+        }
+    };
+    let combiners = [serve("0"), serve("1")];
+    summed(input.counts.clone()).await;
+    drop(combiners);
+
+    // While they are down, events arrive and retention deletes them unread.
+    let counted = input.counts.clone();
+    input.produce(start, 1_000);
+    let reader = topk_testenv::reading_consumer(&kafka, "ends");
+    let mut everything = rdkafka::TopicPartitionList::new();
+    let mut deleted = 0;
+    for p in 0..INPUT_PARTITIONS {
+        let (low, high) = rdkafka::consumer::Consumer::fetch_watermarks(
+            &reader,
+            input_topic,
+            p,
+            Duration::from_secs(10),
+        )
+        .expect("watermarks");
+        everything
+            .add_partition_offset(input_topic, p, rdkafka::Offset::Offset(high))
+            .expect("offset");
+        deleted += high - low;
+    }
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka.create().expect("admin");
+    admin
+        .delete_records(&everything, &rdkafka::admin::AdminOptions::new())
+        .await
+        .expect("delete records");
+    input.counts = counted;
+    input.produce(start, 1_000);
+
+    let combiners = [serve("0"), serve("1")];
+    summed(input.counts.clone()).await;
+    let mut gaps = 0.0;
+    let mut lost = 0.0;
+    for combiner in &combiners {
+        let (_, page) = common::get(&format!("{}/metrics", combiner.base));
+        gaps += common::metric(&page, r#"topk_combiner_input_gaps_total{kind="expired"}"#)
+            .unwrap_or(0.0);
+        lost += common::metric(&page, "topk_combiner_input_offsets_lost_total").unwrap_or(0.0);
+    }
+    assert_eq!(
+        gaps,
+        f64::from(INPUT_PARTITIONS as u32),
+        "a gap per partition"
+    );
+    // At least what was deleted unread (the 1,000 events and the bad ones among them), and no
+    // more than everything deleted.
+    assert!(
+        lost >= 1_000.0 && lost <= deleted as f64,
+        "{lost} offsets lost, {deleted} deleted"
+    );
 }

@@ -36,14 +36,14 @@ use topk_api::{DataPlaneConfig, KafkaClients};
 use topk_engine::EngineConfig;
 use topk_engine::event::EventParser;
 use topk_engine::partition::message_key;
-use topk_engine::pipeline::check_event;
+use topk_engine::pipeline::{check_event, future_reference_ms};
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::now_ms;
-use topk_runtime::output::{DeliveryCounter, dead_letter, send};
+use topk_runtime::output::{DEAD_LETTER_PAYLOAD_BYTES, DeliveryCounter, dead_letter_headers, send};
 use topk_runtime::probes::{self, OutcomeLabel, Probes, ReasonLabel};
 
 pub use error::Error;
-use metrics::Metrics;
+use metrics::{KindLabel, Metrics};
 use prometheus_client::metrics::counter::Counter;
 use sums::Sums;
 
@@ -149,11 +149,21 @@ pub async fn run(
 struct Partition {
     producer: ThreadedProducer<DeliveryCounter>,
     sums: Sums,
-    /// (payload, reason, source) of rejected events, written with the sums.
-    dead_letters: Vec<(Vec<u8>, &'static str, String)>,
+    /// Rejected events, written with the sums.
+    dead_letters: Vec<HeldDeadLetter>,
     /// The next offset to read, and the one the last committed transaction recorded.
     next_offset: i64,
     committed: i64,
+}
+
+/// A rejected event held until its transaction: no more of its payload than a dead letter
+/// sends, so a flood of huge records cannot hold their whole bytes.
+struct HeldDeadLetter {
+    kept: Vec<u8>,
+    /// The payload's length in the input.
+    length: usize,
+    reason: &'static str,
+    source: String,
 }
 
 pub struct Combiner {
@@ -173,6 +183,10 @@ fn transaction_timeout(flush: Duration) -> Duration {
 /// A combiner holding more sums than this for one partition writes them before the interval
 /// ends, so memory stays bounded whatever the key cardinality.
 const MAX_SUMS_PER_PARTITION: usize = 200_000;
+/// A combiner holding more bytes than this (sums and dead letters of all its partitions
+/// together, estimated) writes every partition before the interval ends: a burst of large
+/// records, good or bad, stays far inside the pod's memory limit.
+const MAX_HELD_BYTES: usize = 64 << 20;
 const KAFKA_WAIT: Duration = Duration::from_secs(30);
 const BATCH: usize = 256;
 
@@ -187,8 +201,9 @@ impl Combiner {
             )
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            // No committed offset is the partition's start: count what the topic retains.
-            .set("auto.offset.reset", "earliest")
+            // An offset outside the retained range comes back as an error, handled as the
+            // workers handle it: counted and logged, never a silent jump.
+            .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false")
             .set("fetch.queue.backoff.ms", "10")
             .create::<BaseConsumer>()?;
@@ -240,9 +255,11 @@ impl Combiner {
         for (p, partition) in &mut partitions {
             let offset = match resume.get(p) {
                 Some(next) => {
-                    partition.next_offset = *next;
                     partition.committed = *next;
-                    Offset::Offset(*next)
+                    let (low, high) =
+                        input.fetch_watermarks(&settings.input_topic, *p, KAFKA_WAIT)?;
+                    partition.next_offset = resume_at(*p, *next, low, high, &health.metrics);
+                    Offset::Offset(partition.next_offset)
                 }
                 None => Offset::Beginning,
             };
@@ -287,21 +304,35 @@ impl Combiner {
         };
         let flush_every = std_duration(settings.combine.flush_interval);
         let mut last_flush = Instant::now();
+        let mut held_bytes = 0usize;
         let mut batch: Vec<InputMessage<'_>> = Vec::with_capacity(BATCH);
         while !stop.load(Ordering::SeqCst) {
             input.read(Duration::from_millis(100), BATCH, &mut batch);
             let now = now_ms();
             let mut full = false;
+            let mut out_of_range = Vec::new();
             for msg in batch.drain(..) {
+                if msg.is_offset_out_of_range() {
+                    out_of_range.push(msg.partition());
+                    continue;
+                }
                 match msg.error() {
                     Some(err) => tracing::warn!(partition = msg.partition(), "input: {err}"),
-                    None => full |= shell.handle(&mut partitions, &msg, now),
+                    None => {
+                        let (partition_full, bytes) = shell.handle(&mut partitions, &msg, now);
+                        full |= partition_full;
+                        held_bytes += bytes;
+                    }
                 }
             }
             input.drain_logs();
-            if full || last_flush.elapsed() >= flush_every {
+            for p in out_of_range {
+                shell.resume_out_of_range(p, &mut partitions)?;
+            }
+            if full || held_bytes >= MAX_HELD_BYTES || last_flush.elapsed() >= flush_every {
                 shell.flush_all(&mut partitions)?;
                 last_flush = Instant::now();
+                held_bytes = 0;
             }
         }
         shell.flush_all(&mut partitions)
@@ -320,27 +351,28 @@ struct Shell<'a> {
 
 impl Shell<'_> {
     /// Sums one event or holds it as a dead letter; returns whether its partition holds as
-    /// many sums as it may.
+    /// many sums as it may, and about how many bytes it now holds more.
     fn handle(
         &self,
         partitions: &mut BTreeMap<i32, Partition>,
         msg: &InputMessage<'_>,
         now_ms: i64,
-    ) -> bool {
+    ) -> (bool, usize) {
         let (p, offset) = (msg.partition(), msg.offset());
         let Some(partition) = partitions.get_mut(&p) else {
-            return false;
+            return (false, 0);
         };
         if offset < partition.next_offset {
-            return false; // read again after a rewind's seek
+            return (false, 0); // read again after a rewind's seek
         }
+        let groups = partition.sums.groups();
+        let mut held = 0;
         partition.next_offset = offset + 1;
         let metrics = &self.health.metrics;
         let engine = &self.settings.engine;
         let payload = msg.payload();
-        // Future times are judged against the record's timestamp, as the workers do, so that
-        // a replay decides as the first run did; lateness is the workers' to judge.
-        let reference_ms = msg.timestamp_ms().unwrap_or(now_ms);
+        // Future times are judged as the workers judge them; lateness is the workers' to judge.
+        let reference_ms = future_reference_ms(msg.timestamp_ms(), now_ms);
         let checked = self
             .parser
             .parse(payload)
@@ -350,6 +382,9 @@ impl Shell<'_> {
                 partition
                     .sums
                     .add(&event.scope, &event.key, event.time_ms, event.cost);
+                if partition.sums.groups() > groups {
+                    held += event.scope.len() + event.key.len() + 64;
+                }
                 self.summed.inc();
             }
             Err(reason) => {
@@ -360,13 +395,41 @@ impl Shell<'_> {
                     })
                     .inc();
                 let source = format!("{}/{p}/{offset}", self.settings.input_topic);
-                partition
-                    .dead_letters
-                    .push((payload.to_vec(), reason.as_str(), source));
+                let kept = payload[..payload.len().min(DEAD_LETTER_PAYLOAD_BYTES)].to_vec();
+                held += kept.len() + source.len() + 64;
+                partition.dead_letters.push(HeldDeadLetter {
+                    kept,
+                    length: payload.len(),
+                    reason: reason.as_str(),
+                    source,
+                });
                 self.rejected.inc();
             }
         }
-        partition.sums.groups() >= MAX_SUMS_PER_PARTITION
+        (partition.sums.groups() >= MAX_SUMS_PER_PARTITION, held)
+    }
+
+    /// Moves partition `p`, whose next offset the broker no longer (or does not yet) holds, to
+    /// where [`resume_at`] says, while running.
+    fn resume_out_of_range(
+        &self,
+        p: i32,
+        partitions: &mut BTreeMap<i32, Partition>,
+    ) -> Result<(), Error> {
+        let Some(partition) = partitions.get_mut(&p) else {
+            return Ok(());
+        };
+        let topic = &self.settings.input_topic;
+        let (low, high) = self
+            .input
+            .consumer()
+            .fetch_watermarks(topic, p, KAFKA_WAIT)?;
+        let resume = resume_at(p, partition.next_offset, low, high, &self.health.metrics);
+        partition.next_offset = resume;
+        self.input
+            .consumer()
+            .seek(topic, p, Offset::Offset(resume), KAFKA_WAIT)?;
+        Ok(())
     }
 
     /// Writes and commits every partition that read anything since its last commit.
@@ -430,13 +493,38 @@ impl Shell<'_> {
     }
 }
 
+/// Where partition `p` reads on from `next`, as it holds `[low, high)`: there if it holds it;
+/// below the oldest retained offset (retention deleted what was not read: counted as lost) at
+/// that offset; past the end (truncated or re-created) at the end, so that nothing summed is
+/// read twice. A gap is counted in `topk_combiner_input_gaps_total` and logged.
+fn resume_at(p: i32, next: i64, low: i64, high: i64, metrics: &Metrics) -> i64 {
+    let (kind, resume) = match next {
+        n if n < low => ("expired", low),
+        n if n > high => ("beyond_end", high),
+        n => return n,
+    };
+    metrics.input_gaps.get_or_create(&KindLabel { kind }).inc();
+    if next < low {
+        metrics.input_offsets_lost.inc_by((low - next) as u64);
+    }
+    tracing::error!(
+        partition = p,
+        next_offset = next,
+        low,
+        high,
+        kind,
+        "the partition's next offset is outside its retained range; reading on at {resume}"
+    );
+    resume
+}
+
 /// Writes one transaction of partition `p`; returns how many partial records it holds.
 fn write_transaction(
     settings: &CombinerSettings,
     p: i32,
     partition: &Partition,
     partials: &[sums::Partial],
-    dead: &[(Vec<u8>, &'static str, String)],
+    dead: &[HeldDeadLetter],
 ) -> Result<u64, topk_runtime::Error> {
     let producer = &partition.producer;
     producer.begin_transaction()?;
@@ -455,13 +543,13 @@ fn write_transaction(
             records += 1;
         }
     }
-    for (payload, reason, source) in dead {
-        let (kept, headers) = dead_letter(payload, reason, source);
+    for dead in dead {
+        let headers = dead_letter_headers(dead.length, dead.kept.len(), dead.reason, &dead.source);
         send(
             producer,
             BaseRecord::to(&settings.dead_letters)
-                .key(source.as_bytes())
-                .payload(kept)
+                .key(dead.source.as_bytes())
+                .payload(&dead.kept)
                 .headers(headers),
         )?;
     }

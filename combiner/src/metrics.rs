@@ -1,11 +1,18 @@
 //! Prometheus metrics of a combiner.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use topk_runtime::probes::{OutcomeLabel, ReasonLabel};
+
+/// How a partition's next offset fell outside its retained range.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -16,6 +23,8 @@ pub struct Metrics {
     pub flush_seconds: Histogram,
     pub sums_held: Gauge,
     pub partitions: Gauge,
+    pub input_gaps: Family<KindLabel, Counter>,
+    pub input_offsets_lost: Counter,
 }
 
 impl Default for Metrics {
@@ -29,6 +38,8 @@ impl Default for Metrics {
             flush_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             sums_held: Gauge::default(),
             partitions: Gauge::default(),
+            input_gaps: Family::default(),
+            input_offsets_lost: Counter::default(),
         };
         let r = &mut metrics.registry;
         r.register(
@@ -60,6 +71,16 @@ impl Default for Metrics {
             "sums_held",
             "Distinct (scope, key, bucket) sums held, not yet written",
             metrics.sums_held.clone(),
+        );
+        r.register(
+            "input_gaps",
+            "Times a partition's next offset was outside its retained range: expired (deleted by retention before it was read; read on from the oldest retained offset) or beyond_end (truncated or re-created; read on from its end, so nothing is summed twice)",
+            metrics.input_gaps.clone(),
+        );
+        r.register(
+            "input_offsets_lost",
+            "Input offsets deleted by retention before this combiner read them",
+            metrics.input_offsets_lost.clone(),
         );
         r.register(
             "partitions",

@@ -45,6 +45,15 @@ pub const DEAD_LETTER_PAYLOAD_BYTES: usize = 512 * 1024;
 /// (`source`, also the record's key). A payload too large for a record keeps its start, and
 /// says how long it was; the whole one stays at `source`.
 pub fn dead_letter<'a>(payload: &'a [u8], reason: &str, source: &str) -> (&'a [u8], OwnedHeaders) {
+    let kept = &payload[..payload.len().min(DEAD_LETTER_PAYLOAD_BYTES)];
+    (
+        kept,
+        dead_letter_headers(payload.len(), kept.len(), reason, source),
+    )
+}
+
+/// The headers of a dead letter whose payload was `length` bytes, of which `kept` are sent.
+pub fn dead_letter_headers(length: usize, kept: usize, reason: &str, source: &str) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new()
         .insert(Header {
             key: "reason",
@@ -54,15 +63,14 @@ pub fn dead_letter<'a>(payload: &'a [u8], reason: &str, source: &str) -> (&'a [u
             key: "source",
             value: Some(source),
         });
-    let kept = &payload[..payload.len().min(DEAD_LETTER_PAYLOAD_BYTES)];
-    if kept.len() < payload.len() {
-        let length = payload.len().to_string();
+    if kept < length {
+        let length = length.to_string();
         headers = headers.insert(Header {
             key: "truncated_from",
             value: Some(&length),
         });
     }
-    (kept, headers)
+    headers
 }
 
 /// Enqueues a record, waiting while the producer's queue is full.
