@@ -272,7 +272,8 @@ fn an_oversize_scope_or_a_misrouted_event_never_keeps_an_hour_from_becoming_exac
     let producer: ThreadedProducer<DefaultProducerContext> = env
         .kafka_config()
         .set("partitioner", "murmur2_random")
-        .set("message.max.bytes", "2000000")
+        // A record of the million-byte scope: its key holds the scope too.
+        .set("message.max.bytes", "4100000")
         .create()
         .expect("producer");
     let send = |scope: &str, key: &str, partition: Option<i32>| {
