@@ -1096,11 +1096,17 @@ fn internal_topics_on_their_own_cluster_carry_the_lists() {
     // The summaries went to the internal cluster, and none of the internal topics exist on
     // the input's.
     let topics = TopicNames::of(NS, &name);
-    let partitions = topk_api::topics::internal_topics(NS, &name, SHARDS, false)
-        .into_iter()
-        .find(|t| t.name == topics.summaries)
-        .expect("the summaries topic")
-        .partitions;
+    let partitions = topk_api::topics::internal_topics(
+        NS,
+        &name,
+        SHARDS,
+        false,
+        topk_api::record::DEFAULT_SUMMARY_RECORD_BYTES,
+    )
+    .into_iter()
+    .find(|t| t.name == topics.summaries)
+    .expect("the summaries topic")
+    .partitions;
     let summaries: usize = (0..partitions)
         .map(|p| read_partition(&internal.config(), &topics.summaries, p).len())
         .sum();

@@ -9,7 +9,7 @@ use topk_api::topics::{InternalTopic, metric_topics};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use prometheus_client::metrics::counter::Counter;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
@@ -47,6 +47,8 @@ pub enum TopicProblem {
         topic: String,
         error: String,
     },
+    /// Internal topics found with settings topk cannot work with, one line per topic.
+    Misconfigured(Vec<String>),
 }
 
 impl TopicProblem {
@@ -58,6 +60,7 @@ impl TopicProblem {
             TopicProblem::InputMissing { .. } => "InputTopicMissing",
             TopicProblem::PartitionMismatch { .. } => "PartitionMismatch",
             TopicProblem::CreateFailed { .. } => "InternalTopicFailed",
+            TopicProblem::Misconfigured(_) => "InternalTopicMisconfigured",
         }
     }
 
@@ -94,6 +97,10 @@ impl TopicProblem {
             TopicProblem::CreateFailed { topic, error } => {
                 format!("internal topic {topic:?}: {error}")
             }
+            TopicProblem::Misconfigured(topics) => format!(
+                "internal topics not as topk needs them: {}; change them with kafka-configs.sh --alter --entity-type topics (see docs/operator.md)",
+                topics.join("; ")
+            ),
         }
     }
 }
@@ -340,7 +347,11 @@ impl Admins {
         let invalid = |e: KafkaError| TopicProblem::Credentials(kafka.redact(&e.to_string()));
         let client = std::sync::Arc::new(Connection {
             admin: config.create().map_err(invalid)?,
+            // A metadata request must never create the topic it asks about (with the
+            // broker's defaults, which topk's topics cannot work with).
             probe: config
+                .clone()
+                .set("allow.auto.create.topics", "false")
                 .create_with_context(ProbeContext::default())
                 .map_err(invalid)?,
         });
@@ -419,29 +430,47 @@ impl Admins {
             }
         };
         let admin = self.get(&kafka.internal).map_err(problem)?;
-        let wanted: Vec<InternalTopic> = {
+        let topics = metric_topics(namespace, &name, &metric.spec);
+        let created = self
+            .create(&admin, &bootstrap, &topics)
+            .await
+            .map_err(problem)?;
+        self.inspect(&admin, &bootstrap, &topics, &created)
+            .await
+            .map_err(problem)
+    }
+
+    /// Creates those of `topics` not confirmed lately, with the settings topk relies on;
+    /// returns those created or found there.
+    async fn create(
+        &self,
+        admin: &Connection,
+        bootstrap: &str,
+        topics: &[InternalTopic],
+    ) -> Result<Vec<String>, TopicProblem> {
+        let wanted: Vec<&InternalTopic> = {
             let confirmed = self.confirmed();
-            metric_topics(namespace, &name, &metric.spec)
-                .into_iter()
+            topics
+                .iter()
                 .filter(|t| {
                     confirmed
-                        .get(&(bootstrap.clone(), t.name.clone()))
+                        .get(&(bootstrap.to_owned(), t.name.clone()))
                         .is_none_or(|at| at.elapsed() >= CONFIRMED_FOR)
                 })
                 .collect()
         };
         if wanted.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
+        let configs: Vec<Vec<(&str, String)>> = wanted.iter().map(|t| t.config()).collect();
         let new: Vec<NewTopic<'_>> = wanted
             .iter()
-            .map(|t| {
-                let topic = NewTopic::new(&t.name, t.partitions, TopicReplication::Fixed(-1));
-                if t.compacted {
-                    topic.set("cleanup.policy", "compact")
-                } else {
-                    topic
-                }
+            .zip(&configs)
+            .map(|(t, config)| {
+                config.iter().fold(
+                    NewTopic::new(&t.name, t.partitions, TopicReplication::Fixed(-1)),
+                    |topic, (key, value)| topic.set(key, value),
+                )
             })
             .collect();
         let results = admin
@@ -451,15 +480,99 @@ impl Admins {
                 &AdminOptions::new().operation_timeout(Some(TIMEOUT)),
             )
             .await
-            .map_err(|e| problem(admin.problem(&e)))?;
+            .map_err(|e| admin.problem(&e))?;
         self.create_requests.inc();
         let now = Instant::now();
         let settled = settle(results, RDKafkaErrorCode::TopicAlreadyExists)?;
         let mut confirmed = self.confirmed();
-        for topic in settled {
-            confirmed.insert((bootstrap.clone(), topic), now);
+        for topic in &settled {
+            confirmed.insert((bootstrap.to_owned(), topic.clone()), now);
         }
-        Ok(())
+        Ok(settled)
+    }
+
+    /// Reads the partitions and settings of `topics` and judges them: a topic created before
+    /// the operator could (by hand, or by a broker that creates topics on first use) or
+    /// changed since is reported, never taken as it is. A topic gone is created again; one
+    /// `created` by this reconcile may not be in every broker's metadata yet.
+    async fn inspect(
+        &self,
+        admin: &std::sync::Arc<Connection>,
+        bootstrap: &str,
+        topics: &[InternalTopic],
+        created: &[String],
+    ) -> Result<(), TopicProblem> {
+        let specifiers: Vec<ResourceSpecifier<'_>> = topics
+            .iter()
+            .map(|t| ResourceSpecifier::Topic(&t.name))
+            .collect();
+        let described = admin
+            .admin
+            .describe_configs(
+                specifiers.iter(),
+                &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+            )
+            .await
+            .map_err(|e| admin.problem(&e))?;
+        let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
+        let partitions = {
+            let admin = admin.clone();
+            tokio::task::spawn_blocking(move || {
+                names
+                    .iter()
+                    .map(|name| {
+                        let metadata = admin
+                            .probe
+                            .client()
+                            .fetch_metadata(Some(name), TIMEOUT)
+                            .map_err(|e| admin.problem(&e))?;
+                        Ok(metadata
+                            .topics()
+                            .iter()
+                            .find(|t| t.name() == name)
+                            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+                            .map(|t| t.partitions().len()))
+                    })
+                    .collect::<Result<Vec<Option<usize>>, TopicProblem>>()
+            })
+            .await
+            .map_err(|e| TopicProblem::Unreachable(e.to_string()))??
+        };
+        let mut misconfigured = Vec::new();
+        for ((topic, config), partitions) in topics.iter().zip(described).zip(partitions) {
+            let gone = matches!(config, Err(RDKafkaErrorCode::UnknownTopicOrPartition));
+            let (Some(partitions), false) = (partitions, gone) else {
+                if created.contains(&topic.name) {
+                    continue;
+                }
+                self.confirmed()
+                    .remove(&(bootstrap.to_owned(), topic.name.clone()));
+                return Err(TopicProblem::CreateFailed {
+                    topic: topic.name.clone(),
+                    error: "deleted since it was created; creating it again".to_owned(),
+                });
+            };
+            let problems = match config {
+                Ok(config) => topic.problems(partitions, |name| {
+                    config.get(name).and_then(|entry| entry.value.as_deref())
+                }),
+                Err(code) => {
+                    let mut problems = topic.problems(partitions, |_| None);
+                    problems.push(format!(
+                        "its settings cannot be read ({code}: the operator needs DescribeConfigs on it)"
+                    ));
+                    problems
+                }
+            };
+            if !problems.is_empty() {
+                misconfigured.push(format!("{}: {}", topic.name, problems.join(", ")));
+            }
+        }
+        if misconfigured.is_empty() {
+            Ok(())
+        } else {
+            Err(TopicProblem::Misconfigured(misconfigured))
+        }
     }
 
     /// Deletes the internal topics (for `deletionPolicy: Delete`). Topics already gone are fine.

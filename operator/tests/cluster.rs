@@ -130,7 +130,13 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
     // Every owned object appears; the assignment spreads 4 shards over 2 workers at epoch 1.
     let first = await_some("the assignment table", WAIT, || table(&configmaps)).await;
     common::await_internal_topics(&env, &ns, "clicks", 4).await;
-    let internal = topk_api::topics::internal_topics(&ns, "clicks", 4, false);
+    let internal = topk_api::topics::internal_topics(
+        &ns,
+        "clicks",
+        4,
+        false,
+        topk_api::record::DEFAULT_SUMMARY_RECORD_BYTES,
+    );
     let admin: AdminClient<DefaultClientContext> = env.kafka_config().create().expect("admin");
     assert_eq!(per_worker(&first), vec![2, 2]);
     assert!(first.shards.iter().all(|o| o.epoch == 1));

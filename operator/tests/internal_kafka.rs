@@ -1,7 +1,9 @@
-//! Internal topics on another Kafka cluster than the input's, on the real apiserver and two
-//! real brokers: `spec.internalKafka` puts them there, the operator's default does so for a
-//! metric that does not say and records it on the metric, a later change of the default moves
-//! no deployed metric, and the apiserver refuses to point a metric's internal topics elsewhere.
+//! Internal topics, on the real apiserver and real brokers. On another Kafka cluster than the
+//! input's: `spec.internalKafka` puts them there, the operator's default does so for a metric
+//! that does not say and records it on the metric, a later change of the default moves no
+//! deployed metric, and the apiserver refuses to point a metric's internal topics elsewhere.
+//! As topk needs them: created with their settings, and a topic found otherwise (made by hand
+//! or by a broker that creates topics on first use) makes the metric `Degraded` until fixed.
 
 use std::time::Duration;
 
@@ -11,6 +13,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use topk_api::TopKMetric;
 use topk_api::manifest::{INTERNAL_KAFKA_ANNOTATION, INTERNAL_ON_SOURCE, KafkaCluster};
@@ -123,7 +127,13 @@ async fn internal_topics_go_where_the_spec_or_the_default_says_and_stay_there() 
     common::await_internal_topics_on(&internal.config(), &ns, "defaulted", 2).await;
     let on_input = topics_on(&env.kafka_config());
     for name in ["own", "defaulted"] {
-        for topic in topk_api::topics::internal_topics(&ns, name, 2, false) {
+        for topic in topk_api::topics::internal_topics(
+            &ns,
+            name,
+            2,
+            false,
+            topk_api::record::DEFAULT_SUMMARY_RECORD_BYTES,
+        ) {
             assert!(
                 !on_input.contains(&topic.name),
                 "{} on the input's cluster",
@@ -200,4 +210,89 @@ async fn internal_topics_go_where_the_spec_or_the_default_says_and_stay_there() 
     .await;
     assert!(config.contains("\"k\": 6"), "{config}");
     assert!(config.contains(&internal.bootstrap()), "{config}");
+}
+
+/// The condition `Degraded` of metric `name` once its reason is `reason`.
+async fn degraded_for(metrics: &Api<TopKMetric>, name: &str, reason: &str) -> String {
+    await_some(&format!("{name} Degraded {reason}"), WAIT, || async {
+        let degraded = common::condition(metrics, name, "Degraded").await?;
+        (degraded.reason == reason).then_some(degraded.message)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn internal_topics_found_misconfigured_make_the_metric_degraded_until_fixed() {
+    let Some((env, client, ns)) = common::setup("internal topics misconfigured", "topicconf").await
+    else {
+        return;
+    };
+    let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+    let input = unique_name("plays");
+    common::create_topic(&env, &input, 2).await;
+    let spec = format!("workers: {{maxSummaryRecordBytes: {}}}\n{SPEC}", 2 << 20);
+    let names = topk_api::topics::TopicNames::of(&ns, "handmade");
+    // As a broker that creates topics on first use leaves them: one partition, `delete`, the
+    // default size limit.
+    env.create_topic(&names.snapshots, 1, &[]).await;
+    env.create_topic(&names.summaries, 1, &[]).await;
+    create_metric(
+        &client,
+        &ns,
+        "handmade",
+        &env.kafka_bootstrap,
+        &input,
+        &spec,
+    )
+    .await;
+    create_metric(&client, &ns, "fresh", &env.kafka_bootstrap, &input, &spec).await;
+    let _running = controller(&client, &ns, None);
+
+    // What the operator creates has the settings topk relies on, including room for the
+    // larger summaries.
+    let fresh = topk_api::topics::internal_topics(&ns, "fresh", 2, false, 2 << 20);
+    common::await_topics_as_created(&env.kafka_config(), &fresh).await;
+    assert!(
+        fresh[0]
+            .config()
+            .contains(&("max.message.bytes", "2162688".to_owned()))
+    );
+
+    let message = degraded_for(&metrics, "handmade", "InternalTopicMisconfigured").await;
+    for expected in [
+        format!("{}: 1 partitions, needs 2", names.snapshots),
+        "cleanup.policy is \"delete\", needs \"compact\"".to_owned(),
+        format!(
+            "{}: max.message.bytes is 1048588, below the 2162688 bytes",
+            names.summaries
+        ),
+    ] {
+        assert!(message.contains(&expected), "{expected:?} in {message}");
+    }
+    let ready = common::condition(&metrics, "handmade", "Ready").await;
+    assert_eq!(ready.map(|c| c.status), Some("False".to_owned()));
+
+    // Fixed as the message says: the size limit raised, the snapshots topic deleted (its
+    // partitions cannot be removed); the operator creates it again and the metric recovers.
+    let admin: AdminClient<DefaultClientContext> =
+        env.kafka_config().create().expect("admin client");
+    let raised = AlterConfig::new(ResourceSpecifier::Topic(&names.summaries))
+        .set("max.message.bytes", "4194304");
+    for result in admin
+        .alter_configs([&raised], &AdminOptions::new())
+        .await
+        .expect("alter configs")
+    {
+        result.expect("max.message.bytes raised");
+    }
+    env.delete_topics(&[&names.snapshots]).await;
+    degraded_for(&metrics, "handmade", "AsExpected").await;
+    let handmade = topk_api::topics::internal_topics(&ns, "handmade", 2, false, 2 << 20);
+    common::await_topics_as_created(&env.kafka_config(), &handmade[1..2]).await;
+    assert_eq!(
+        common::condition(&metrics, "fresh", "Degraded")
+            .await
+            .map(|c| c.reason),
+        Some("AsExpected".to_owned())
+    );
 }

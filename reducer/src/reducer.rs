@@ -297,7 +297,10 @@ impl Reducer {
                     .set("queue.buffering.max.messages", "10000")
                     .set(
                         "message.max.bytes",
-                        (output.record_bytes + 65_536).max(1_000_000).to_string(),
+                        topk_api::topics::summary_batch_bytes(
+                            u32::try_from(output.record_bytes).unwrap_or(u32::MAX),
+                        )
+                        .to_string(),
                     )
                     .create_with_context(DeliveryCounter::default())?,
                 settings: output.clone(),

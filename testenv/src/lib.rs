@@ -293,9 +293,15 @@ impl TestEnv {
     ) {
         let mut topics = vec![input.to_owned()];
         topics.extend(
-            topk_api::topics::internal_topics(namespace, name, shards, false)
-                .into_iter()
-                .map(|t| t.name),
+            topk_api::topics::internal_topics(
+                namespace,
+                name,
+                shards,
+                false,
+                topk_api::record::DEFAULT_SUMMARY_RECORD_BYTES,
+            )
+            .into_iter()
+            .map(|t| t.name),
         );
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
         self.delete_topics(&names).await;
@@ -343,13 +349,11 @@ pub async fn create_internal_topics(
     name: &str,
     shards: u32,
 ) {
-    for topic in topk_api::topics::internal_topics(namespace, name, shards, false) {
-        let config: &[(&str, &str)] = if topic.compacted {
-            &[("cleanup.policy", "compact")]
-        } else {
-            &[]
-        };
-        create_topic(kafka, &topic.name, topic.partitions, config).await;
+    let record_bytes = topk_api::record::DEFAULT_SUMMARY_RECORD_BYTES;
+    for topic in topk_api::topics::internal_topics(namespace, name, shards, false, record_bytes) {
+        let config = topic.config();
+        let config: Vec<(&str, &str)> = config.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        create_topic(kafka, &topic.name, topic.partitions, &config).await;
     }
 }
 

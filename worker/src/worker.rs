@@ -586,9 +586,10 @@ impl Worker {
             // Room for the largest summary record plus its batch framing.
             .set(
                 "message.max.bytes",
-                (settings.max_summary_record_bytes + 65_536)
-                    .max(1_000_000)
-                    .to_string(),
+                topk_api::topics::summary_batch_bytes(
+                    u32::try_from(settings.max_summary_record_bytes).unwrap_or(u32::MAX),
+                )
+                .to_string(),
             )
             .create_with_context(delivery.clone())?;
         std::fs::create_dir_all(&settings.state_dir)?;
