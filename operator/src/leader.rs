@@ -2,7 +2,8 @@
 //! and only one acts. The lease only elects the operator; shard ownership is fenced by epochs
 //! in the assignment table, never by this lease.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -25,21 +26,31 @@ pub enum Decision {
     Follow,
 }
 
-/// Pure: the decision for `identity` at `now` given the lease's current spec.
-pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decision {
+/// The lease record as last seen: who holds it and when they last renewed it, as they wrote it.
+/// Another replica's clock is never compared with ours; only whether this record changes.
+type Record = (Option<String>, Option<MicroTime>);
+
+fn record(spec: &LeaseSpec) -> Record {
+    (spec.holder_identity.clone(), spec.renew_time.clone())
+}
+
+/// Pure: the decision for `identity` given the lease's current spec and how long this replica
+/// has seen that same record unchanged (on its own monotonic clock). A holder's renewals
+/// change the record; a lease is expired when it stayed unchanged for its whole duration,
+/// whatever the clocks of the replicas say. A released lease (no holder) is free at once.
+pub fn decide(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration) -> Decision {
     let Some(spec) = spec else {
         return Decision::Create;
     };
-    if spec.holder_identity.as_deref() == Some(identity) {
+    let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty());
+    if holder == Some(identity) {
         return Decision::Renew;
     }
-    let expires = spec.renew_time.as_ref().map(|t| {
-        let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-        t.0 + k8s_openapi::jiff::SignedDuration::from_secs(secs)
-    });
-    match expires {
-        Some(at) if at > now && spec.holder_identity.is_some() => Decision::Follow,
-        _ => Decision::TakeOver,
+    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(0) as u64);
+    if holder.is_some() && unchanged_for < duration {
+        Decision::Follow
+    } else {
+        Decision::TakeOver
     }
 }
 
@@ -48,6 +59,8 @@ pub struct LeaderElector {
     name: String,
     identity: String,
     duration: Duration,
+    /// The record last seen and when it was first seen so.
+    seen: Mutex<Option<(Record, Instant)>>,
 }
 
 impl LeaderElector {
@@ -63,6 +76,7 @@ impl LeaderElector {
             name: name.to_owned(),
             identity: identity.to_owned(),
             duration,
+            seen: Mutex::new(None),
         }
     }
 
@@ -70,23 +84,40 @@ impl LeaderElector {
         &self.identity
     }
 
+    /// How long a leader may go without a successful renewal before it stops acting: two
+    /// thirds of the lease, so that it has stopped before any follower can take over.
+    pub fn renew_deadline(&self) -> Duration {
+        self.duration * 2 / 3
+    }
+
+    /// How long the record in `spec` has been seen unchanged by this replica.
+    fn unchanged_for(&self, spec: Option<&LeaseSpec>) -> Duration {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let current = spec.map(record);
+        match (&*seen, current) {
+            (Some((last, since)), Some(current)) if *last == current => now - *since,
+            (_, Some(current)) => {
+                *seen = Some((current, now));
+                Duration::ZERO
+            }
+            (_, None) => {
+                *seen = None;
+                Duration::ZERO
+            }
+        }
+    }
+
     /// One election round: true when this replica holds the lease afterwards. Conflicting
     /// writes (another replica was faster) count as not holding it.
     pub async fn try_acquire_or_renew(&self) -> Result<bool, Error> {
         let now = Timestamp::now();
         let current = self.api.get_opt(&self.name).await?;
-        let decision = decide(
-            current.as_ref().and_then(|l| l.spec.as_ref()),
-            &self.identity,
-            now,
-        );
-        let transitions = current
-            .as_ref()
-            .and_then(|l| l.spec.as_ref()?.lease_transitions)
-            .unwrap_or(0);
-        let acquired = current
-            .as_ref()
-            .and_then(|l| l.spec.as_ref()?.acquire_time.clone())
+        let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+        let decision = decide(spec, &self.identity, self.unchanged_for(spec));
+        let transitions = spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+        let acquired = spec
+            .and_then(|s| s.acquire_time.clone())
             .filter(|_| decision == Decision::Renew);
         let spec = LeaseSpec {
             holder_identity: Some(self.identity.clone()),
@@ -131,15 +162,40 @@ impl LeaderElector {
             Err(err) => Err(err.into()),
         }
     }
+
+    /// Gives the lease up if this replica holds it, so that a follower takes over at its next
+    /// round instead of after the lease expires (a rollout replaces the leader this way).
+    pub async fn release(&self) -> Result<(), Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return Ok(());
+        };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            // Someone else wrote it since: it is not ours to release any more.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            other => other.map(|_| ()).map_err(Error::from),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec(holder: &str, renewed: Timestamp, secs: i32) -> LeaseSpec {
+    fn spec(holder: Option<&str>, renewed: Timestamp, secs: i32) -> LeaseSpec {
         LeaseSpec {
-            holder_identity: Some(holder.to_owned()),
+            holder_identity: holder.map(str::to_owned),
             renew_time: Some(MicroTime(renewed)),
             lease_duration_seconds: Some(secs),
             ..LeaseSpec::default()
@@ -147,24 +203,27 @@ mod tests {
     }
 
     #[test]
-    fn decisions() {
-        let now = Timestamp::from_second(1_000).unwrap();
-        let earlier = Timestamp::from_second(990).unwrap();
-        assert_eq!(decide(None, "a", now), Decision::Create);
+    fn decisions_depend_on_how_long_the_record_stood_still_not_on_its_clock() {
+        let secs = Duration::from_secs;
+        // A holder whose clock runs an hour ahead, or a day behind, of ours.
+        let ahead = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(1);
+        let behind = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(24);
+        assert_eq!(decide(None, "a", secs(0)), Decision::Create);
+        for renewed in [ahead, behind] {
+            let held = spec(Some("b"), renewed, 15);
+            assert_eq!(decide(Some(&held), "a", secs(0)), Decision::Follow);
+            assert_eq!(decide(Some(&held), "a", secs(14)), Decision::Follow);
+            assert_eq!(decide(Some(&held), "a", secs(15)), Decision::TakeOver);
+            let ours = spec(Some("a"), renewed, 15);
+            assert_eq!(decide(Some(&ours), "a", secs(60)), Decision::Renew);
+            // Released: free at once.
+            for holder in [None, Some("")] {
+                let released = spec(holder, renewed, 15);
+                assert_eq!(decide(Some(&released), "a", secs(0)), Decision::TakeOver);
+            }
+        }
         assert_eq!(
-            decide(Some(&spec("a", earlier, 15)), "a", now),
-            Decision::Renew
-        );
-        assert_eq!(
-            decide(Some(&spec("b", earlier, 15)), "a", now),
-            Decision::Follow
-        );
-        assert_eq!(
-            decide(Some(&spec("b", earlier, 5)), "a", now),
-            Decision::TakeOver
-        );
-        assert_eq!(
-            decide(Some(&LeaseSpec::default()), "a", now),
+            decide(Some(&LeaseSpec::default()), "a", secs(0)),
             Decision::TakeOver
         );
     }

@@ -57,6 +57,30 @@ struct Args {
     identity: String,
 }
 
+/// The leader Lease's duration: a follower takes over a lease left unrenewed this long.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How often the leader renews the lease and a follower tries to take it.
+const LEASE_RETRY: Duration = Duration::from_secs(2);
+
+/// SIGTERM (how Kubernetes stops a pod) or Ctrl-C, named.
+async fn stop_signal() -> &'static str {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(%err, "cannot watch for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = terminate => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "interrupt",
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -125,17 +149,19 @@ async fn main() -> std::process::ExitCode {
     } else {
         tracing::info!(namespaces = %watched.join(","), "topk-operator started, namespaced");
     }
+    let elector = args.lease_namespace.map(|ns| {
+        Arc::new(LeaderElector::new(
+            ctx.client.clone(),
+            &ns,
+            &args.lease_name,
+            &args.identity,
+            LEASE_DURATION,
+        ))
+    });
     let controller = async {
-        match args.lease_namespace {
-            Some(ns) => {
-                let elector = LeaderElector::new(
-                    ctx.client.clone(),
-                    &ns,
-                    &args.lease_name,
-                    &args.identity,
-                    Duration::from_secs(15),
-                );
-                reconcile::run_when_leader(ctx, elector, Duration::from_secs(5)).await;
+        match &elector {
+            Some(elector) => {
+                reconcile::run_when_leader(ctx, elector.clone(), LEASE_RETRY).await;
             }
             None => {
                 tracing::warn!(
@@ -147,7 +173,16 @@ async fn main() -> std::process::ExitCode {
     };
     tokio::select! {
         _ = controller => {}
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        signal = stop_signal() => tracing::info!(signal, "stopping"),
+    }
+    // The controller has stopped acting: hand the lease to a follower now rather than after
+    // it expires (every rollout of the operator would otherwise pause reconciling).
+    if let Some(elector) = elector {
+        match tokio::time::timeout(LEASE_RETRY, elector.release()).await {
+            Ok(Ok(())) => tracing::info!("released the leader Lease"),
+            Ok(Err(err)) => tracing::warn!(%err, "could not release the leader Lease"),
+            Err(_) => tracing::warn!("releasing the leader Lease timed out"),
+        }
     }
     std::process::ExitCode::SUCCESS
 }

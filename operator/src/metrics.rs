@@ -5,6 +5,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -21,6 +22,7 @@ pub struct Metrics {
     moves: Counter,
     recounts: Counter,
     topic_creates: Counter,
+    leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -32,6 +34,7 @@ impl Default for Metrics {
         let moves = Counter::default();
         let recounts = Counter::default();
         let topic_creates = Counter::default();
+        let leader = Gauge::default();
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -54,6 +57,11 @@ impl Default for Metrics {
             "CreateTopics requests sent for internal topics not known to exist",
             topic_creates.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and reconciles",
+            leader.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -62,6 +70,7 @@ impl Default for Metrics {
             moves,
             recounts,
             topic_creates,
+            leader,
         }
     }
 }
@@ -73,6 +82,14 @@ impl Metrics {
     }
 
     /// Reconciles run by this replica.
+    pub fn leading(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.leader.get() == 1
+    }
+
     pub fn reconciles(&self) -> u64 {
         self.reconciles.get()
     }

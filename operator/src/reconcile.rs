@@ -146,36 +146,47 @@ async fn run_in(ctx: Arc<Context>, namespace: Option<String>) {
         .await;
 }
 
-/// Runs the controller only while `elector` holds the lease: waits to be elected, renews every
-/// `renew_every`, and stops acting the moment a renewal fails (another replica may take over).
-pub async fn run_when_leader(ctx: Arc<Context>, elector: LeaderElector, renew_every: Duration) {
+/// Runs the controller only while `elector` holds the lease: tries to take it every
+/// `retry_every`, renews it as often, and stops acting the moment it is lost or a renewal has
+/// not succeeded within the elector's renew deadline (a hung request included), before any
+/// follower can see the lease expire.
+pub async fn run_when_leader(
+    ctx: Arc<Context>,
+    elector: Arc<LeaderElector>,
+    retry_every: Duration,
+) {
     loop {
         loop {
-            match elector.try_acquire_or_renew().await {
-                Ok(true) => break,
-                Ok(false) => {}
-                Err(err) => tracing::warn!(%err, "leader election"),
+            match tokio::time::timeout(retry_every, elector.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => break,
+                Ok(Ok(false)) | Err(_) => {}
+                Ok(Err(err)) => tracing::warn!(%err, "leader election"),
             }
-            tokio::time::sleep(renew_every).await;
+            tokio::time::sleep(retry_every).await;
         }
         tracing::info!(identity = elector.identity(), "elected leader; reconciling");
+        ctx.metrics.leading(true);
         let keep_renewing = async {
+            let mut renewed = tokio::time::Instant::now();
             loop {
-                tokio::time::sleep(renew_every).await;
-                match elector.try_acquire_or_renew().await {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(err) => {
-                        tracing::warn!(%err, "lease renewal failed");
-                        return;
-                    }
+                tokio::time::sleep(retry_every).await;
+                let left = elector.renew_deadline().saturating_sub(renewed.elapsed());
+                match tokio::time::timeout(left, elector.try_acquire_or_renew()).await {
+                    Ok(Ok(true)) => renewed = tokio::time::Instant::now(),
+                    Ok(Ok(false)) => return "lost the lease",
+                    Ok(Err(err)) => tracing::warn!(%err, "lease renewal failed"),
+                    Err(_) => {}
+                }
+                if renewed.elapsed() >= elector.renew_deadline() {
+                    return "no renewal succeeded within the renew deadline";
                 }
             }
         };
         tokio::select! {
             _ = run(ctx.clone()) => return,
-            _ = keep_renewing => tracing::warn!(identity = elector.identity(), "lost the lease; stopped reconciling"),
+            why = keep_renewing => tracing::warn!(identity = elector.identity(), why, "stopped reconciling"),
         }
+        ctx.metrics.leading(false);
     }
 }
 
