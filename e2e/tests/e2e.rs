@@ -195,11 +195,16 @@ impl Cluster {
 
     /// Creates a topic on the broker at `bootstrap`, as the dev broker's pod reaches it.
     fn create_topic_on(&self, bootstrap: &str, topic: &str, partitions: u32) {
-        kubectl(&[
+        self.create_topic_with(bootstrap, topic, partitions, &[]);
+    }
+
+    /// [`Cluster::create_topic_on`] with topic settings (`name=value`).
+    fn create_topic_with(&self, bootstrap: &str, topic: &str, partitions: u32, config: &[&str]) {
+        let partitions = partitions.to_string();
+        let mut args = vec![
             "exec",
             "-n",
             &self.system,
-            &self.kafka_pod(),
             "--",
             "/opt/kafka/bin/kafka-topics.sh",
             "--bootstrap-server",
@@ -208,8 +213,14 @@ impl Cluster {
             "--topic",
             topic,
             "--partitions",
-            &partitions.to_string(),
-        ]);
+            &partitions,
+        ];
+        let pod = self.kafka_pod();
+        args.insert(3, &pod);
+        for setting in config {
+            args.extend(["--config", setting]);
+        }
+        kubectl(&args);
     }
 
     /// Produces `plays` events (one per entry, event time now).
@@ -241,9 +252,20 @@ impl Cluster {
 
     /// Produces `plays` events (event time, key, event id) through `topk produce` in a pod.
     fn produce_with_ids(&self, bootstrap: &str, topic: &str, events: &[(i64, String, String)]) {
+        let lines: Vec<Value> = events
+            .iter()
+            .map(|(time, key, id)| {
+                json!({"event_time": time, "metric": "plays", "key": key, "event_id": id})
+            })
+            .collect();
+        self.produce_events(bootstrap, topic, &lines);
+    }
+
+    /// Produces JSON events through `topk produce` in a pod of the image under test: keyed
+    /// `metric|scope|key`, each record stamped with its event time.
+    fn produce_events(&self, bootstrap: &str, topic: &str, events: &[Value]) {
         let mut lines = String::new();
-        for (time, key, id) in events {
-            let event = json!({"event_time": time, "metric": "plays", "key": key, "event_id": id});
+        for event in events {
             lines.push_str(&format!("{event}\n"));
         }
         let image = std::env::var("TOPK_E2E_IMAGE").expect("TOPK_E2E_IMAGE");
@@ -1718,6 +1740,8 @@ async fn a_global_metric_adds_up_its_regions_and_names_a_missing_one_until_it_is
     assert_eq!(back["mode"], "exact", "{back}");
 }
 
+/// Produces `lines` with Kafka's console producer in the dev broker's pod: no key, stamped
+/// with the time of sending, records up to 4 MiB.
 fn produce_unkeyed(cluster: &Cluster, topic: &str, lines: &str) {
     run_with_input(
         Command::new("kubectl")
@@ -1733,7 +1757,8 @@ fn produce_unkeyed(cluster: &Cluster, topic: &str, lines: &str) {
                 "/opt/kafka/bin/kafka-console-producer.sh",
                 "--bootstrap-server",
             ])
-            .args(["localhost:9092", "--topic", topic]),
+            .args(["localhost:9092", "--topic", topic])
+            .args(["--producer-property", "max.request.size=4194304"]),
         lines,
         "the console producer",
     );
@@ -1999,4 +2024,128 @@ fn metric_names_are_read_from_the_chart_and_from_a_metrics_page() {
         assert!(exported.contains(name), "{name} not in {exported:?}");
     }
     assert!(!exported.iter().any(|n| n.starts_with('#')), "{exported:?}");
+}
+
+/// Waits until both lists of metric `plays`'s global scope (the last hour, all time) rank
+/// `counts` exactly.
+async fn await_exact_lists(cluster: &Cluster, ns: &str, counts: &BTreeMap<String, u64>) {
+    let want = top5(counts);
+    for window in ["1h", "all"] {
+        await_some(
+            &format!("the {window} list of {ns}/plays = {want:?}"),
+            WAIT,
+            || async {
+                let list = cluster.list(ns, "plays", window).await?;
+                (items(&list) == want).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_hostile_stream_neither_stops_nor_skews_a_list() {
+    let Some(cluster) = Cluster::get("a hostile stream").await else {
+        return;
+    };
+    let scenario = cluster.scenario("hostile").await;
+    let ns = scenario.ns.as_str();
+    let topic = format!("{ns}-plays");
+    // As topics that predate Kafka 4's bound on record timestamps, or were configured past it,
+    // are: any timestamp; records up to 4 MiB.
+    cluster.create_topic_with(
+        "localhost:9092",
+        &topic,
+        4,
+        &[
+            "message.timestamp.after.max.ms=9223372036854775807",
+            "max.message.bytes=4194304",
+        ],
+    );
+    cluster
+        .apply_metric_with(
+            &cluster.bootstrap(),
+            ns,
+            "plays",
+            &topic,
+            2,
+            &[],
+            "maxScopes: 100",
+        )
+        .await;
+    let mut counts = BTreeMap::new();
+    play_round(&cluster, ns, &topic, &mut counts, 1).await;
+    await_exact_lists(&cluster, ns, &counts).await;
+
+    // Every hostile event carries a cost that would put its key on top of the lists, were it
+    // counted.
+    let now = now_ms();
+    let heavy = |time: i64, key: &str| json!({"event_time": time, "metric": "plays", "key": key, "cost": 1000});
+    // Stamped as CreateTime with their event time, as Kafka Streams and Flink sinks do: 50
+    // minutes ahead (inside Kafka 4's default one-hour bound) and a year ahead.
+    cluster.produce_events(
+        &cluster.bootstrap(),
+        &topic,
+        &[
+            heavy(now + 50 * 60_000, "ahead-50m"),
+            heavy(now + 365 * 86_400_000, "ahead-1y"),
+        ],
+    );
+    // Not keyed, from Kafka's own console producer: invalid JSON, a JSON array of the
+    // fields in order, an array around an event, a 1 MB scope and a 2 MB record.
+    // Each batch stamped as it is sent, as a live producer's events are.
+    let now = now_ms();
+    let mut wrapped = heavy(now, "wrapped");
+    let mut big_scope = heavy(now, "big-scope");
+    big_scope["scope"] = json!("s".repeat(1_000_000));
+    let big_record = heavy(now, &"k".repeat(2_000_000));
+    wrapped = json!([wrapped]);
+    let lines = [
+        "{\"event_time\": ".to_owned(),
+        json!([null, now, "plays", "", "array", 1000]).to_string(),
+        wrapped.to_string(),
+        big_scope.to_string(),
+        big_record.to_string(),
+    ];
+    produce_unkeyed(&cluster, &topic, &(lines.join("\n") + "\n"));
+    // A flood of 50,000 new scopes, keyed as topk expects: each shard counts 100 of them and
+    // rejects the rest.
+    let now = now_ms();
+    let flood: Vec<Value> = (0..50_000)
+        .map(|i| json!({"event_time": now, "metric": "plays", "scope": format!("flood-{i}"), "key": "song-0"}))
+        .collect();
+    cluster.produce_events(&cluster.bootstrap(), &topic, &flood);
+
+    // Honest events after all that: the lists keep publishing, and count only honest events.
+    play_round(&cluster, ns, &topic, &mut counts, 2).await;
+    await_exact_lists(&cluster, ns, &counts).await;
+    let rejected = |reason: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let series = format!("topk_worker_events_rejected_total{{reason=\"{reason}\"}}");
+            let mut total = 0.0;
+            for pod in ["plays-worker-0", "plays-worker-1"] {
+                total += cluster
+                    .worker_counter(ns, pod, &series)
+                    .await
+                    .unwrap_or(0.0);
+            }
+            total
+        }
+    };
+    assert_eq!(rejected("future_time").await, 2.0);
+    assert_eq!(rejected("late").await, 0.0, "no honest event taken as late");
+    assert!(rejected("too_many_scopes").await >= 49_000.0);
+    let turned_away = [
+        "invalid_json",
+        "oversize_scope",
+        "oversize_key",
+        "oversize_event",
+        "wrong_shard",
+    ];
+    let mut unkeyed = 0.0;
+    for reason in turned_away {
+        unkeyed += rejected(reason).await;
+    }
+    assert_eq!(unkeyed, 5.0, "each unkeyed hostile record rejected once");
 }
