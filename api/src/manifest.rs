@@ -585,7 +585,8 @@ pub struct ReducersSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = MAX_REDUCERS))]
     pub replicas: u32,
-    /// Versions kept per list whatever their age (default 100).
+    /// Versions kept per list at most (default 100); `keepFor` deletes older ones within
+    /// them too. Never the served version nor the newest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_KEEP_VERSIONS))]
     pub keep_versions: Option<u32>,

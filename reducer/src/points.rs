@@ -175,16 +175,22 @@ async fn ask(
 ) -> Result<FrequencyAnswer, Unanswered> {
     let failed =
         |why: String| Unanswered::unavailable(format!("worker {ordinal} did not answer: {why}"));
-    let response = tokio::time::timeout(WORKER_WAIT, client.get(uri))
+    // The whole answer, body included, within the wait: a worker that stalls mid-body must
+    // not hold the request.
+    let answer = async {
+        let response = client.get(uri).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok::<_, String>((status, body))
+    };
+    let (status, body) = tokio::time::timeout(WORKER_WAIT, answer)
         .await
         .map_err(|_| failed(format!("no answer within {WORKER_WAIT:?}")))?
-        .map_err(|e| failed(e.to_string()))?;
-    let status = response.status();
-    let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-        .collect()
-        .await
-        .map_err(|e| failed(e.to_string()))?
-        .to_bytes();
+        .map_err(failed)?;
     if !status.is_success() {
         let message = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
@@ -208,6 +214,39 @@ mod tests {
         let listed = WorkerUrls::Listed(vec!["http://127.0.0.1:1/".into()]);
         assert_eq!(listed.of(0).as_deref(), Some("http://127.0.0.1:1"));
         assert_eq!(listed.of(1), None);
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_stalls_mid_answer_is_given_up_on_in_time() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let address = listener.local_addr().expect("address");
+        // Headers at once, then a tenth of the body, then nothing (the connection stays open
+        // until the test ends).
+        std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().expect("accept");
+            let mut request = [0u8; 1024];
+            let _ = socket.read(&mut request);
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"counts\"")
+                .expect("write");
+            std::thread::sleep(WORKER_WAIT * 4);
+        });
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        let uri: Uri = format!("http://{address}/v1/frequency/plays?key=a")
+            .parse()
+            .expect("uri");
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(WORKER_WAIT * 3, ask(&client, 0, uri)).await;
+        let took = started.elapsed();
+        let refused = answer
+            .expect("ask gave up by itself")
+            .expect_err("no answer");
+        assert!(
+            format!("{refused:?}").contains("no answer within"),
+            "{refused:?}"
+        );
+        assert!(took < WORKER_WAIT * 2, "{took:?}");
     }
 
     #[test]

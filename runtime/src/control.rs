@@ -67,12 +67,33 @@ pub async fn poll_file(path: PathBuf, every: Duration, mut on_text: impl FnMut(&
     }
 }
 
+/// Sends `table` unless one with a higher version was sent before: versions only rise (the
+/// operator replaces a table it finds lower than one it wrote), so a lower one is a hand edit
+/// or a stale read, and applying it could hand shards back to owners that released them.
+/// Returns whether it was sent.
+pub fn offer_table(tx: &watch::Sender<Option<AssignmentTable>>, table: AssignmentTable) -> bool {
+    tx.send_if_modified(|current| match current {
+        Some(newer) if table.version < newer.version => {
+            tracing::warn!(
+                version = table.version,
+                applied = newer.version,
+                "ignoring an assignment table older than one already followed"
+            );
+            false
+        }
+        _ => {
+            *current = Some(table);
+            true
+        }
+    })
+}
+
 /// Publishes the table in `path` whenever its content changes (checked every 200 ms).
 pub async fn watch_file(path: PathBuf, tx: watch::Sender<Option<AssignmentTable>>) {
     let from = path.display().to_string();
     poll_file(path, Duration::from_millis(200), move |text| {
         if let Some(table) = parse_table(text, &from) {
-            tx.send_replace(Some(table));
+            offer_table(&tx, table);
         }
     })
     .await
@@ -132,7 +153,7 @@ pub async fn watch_configmap(
         ASSIGNMENT_KEY.to_owned(),
         move |text| {
             if let Some(table) = text.and_then(|t| parse_table(t, &from)) {
-                tx.send_replace(Some(table));
+                offer_table(&tx, table);
             }
         },
     )
@@ -244,5 +265,35 @@ pub async fn report_to_configmap(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topk_api::assignment::ShardOwner;
+
+    fn table(version: u64, worker: u32) -> AssignmentTable {
+        AssignmentTable {
+            version,
+            shards: vec![ShardOwner {
+                shard: 0,
+                worker,
+                epoch: version,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_table_older_than_one_followed_is_ignored() {
+        let (tx, rx) = watch::channel(None);
+        assert!(offer_table(&tx, table(2, 0)));
+        // A hand edit back to version 1 (shard 0 to worker 1) changes nothing...
+        assert!(!offer_table(&tx, table(1, 1)));
+        assert_eq!(rx.borrow().as_ref(), Some(&table(2, 0)));
+        // ... the same version again is taken (a re-read), and a later rise is followed.
+        assert!(offer_table(&tx, table(2, 0)));
+        assert!(offer_table(&tx, table(3, 1)));
+        assert_eq!(rx.borrow().as_ref(), Some(&table(3, 1)));
     }
 }

@@ -177,7 +177,7 @@ impl Default for WorkerMetrics {
         );
         registry.register(
             "input_gaps",
-            "Times a shard's next input offset was outside its partition: expired (deleted by retention before it was read), beyond_end (the partition was truncated, or re-created where the broker gives no topic ids) or recreated (the input topic has a new id: deleted and created again); the shard then resumes at the oldest retained offset",
+            "Times a shard's next input offset was outside its partition: expired (deleted by retention before it was read), beyond_end (the partition was truncated, or re-created where the broker gives no topic ids) or recreated (the input topic has a new id: deleted and created again, or a mirror); the shard then resumes at the oldest retained offset (expired), the partition's end (beyond_end) or as source.onNewTopic says (recreated)",
             m.input_gaps.clone(),
         );
         registry.register(
