@@ -665,12 +665,23 @@ async fn play_round(
 }
 
 async fn await_exact(cluster: &Cluster, ns: &str, name: &str, counts: &BTreeMap<String, u64>) {
+    await_exact_in(cluster, ns, name, "all", counts).await;
+}
+
+/// Waits until the list of `window` (global scope) of metric `name` ranks `counts` exactly.
+async fn await_exact_in(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    window: &str,
+    counts: &BTreeMap<String, u64>,
+) {
     let want = top5(counts);
     await_some(
-        &format!("the all-time list of {ns}/{name} = {want:?}"),
+        &format!("the {window} list of {ns}/{name} = {want:?}"),
         WAIT,
         || async {
-            let list = cluster.list(ns, name, "all").await?;
+            let list = cluster.list(ns, name, window).await?;
             (items(&list) == want).then_some(())
         },
     )
@@ -2026,23 +2037,6 @@ fn metric_names_are_read_from_the_chart_and_from_a_metrics_page() {
     assert!(!exported.iter().any(|n| n.starts_with('#')), "{exported:?}");
 }
 
-/// Waits until both lists of metric `plays`'s global scope (the last hour, all time) rank
-/// `counts` exactly.
-async fn await_exact_lists(cluster: &Cluster, ns: &str, counts: &BTreeMap<String, u64>) {
-    let want = top5(counts);
-    for window in ["1h", "all"] {
-        await_some(
-            &format!("the {window} list of {ns}/plays = {want:?}"),
-            WAIT,
-            || async {
-                let list = cluster.list(ns, "plays", window).await?;
-                (items(&list) == want).then_some(())
-            },
-        )
-        .await;
-    }
-}
-
 #[tokio::test]
 async fn a_hostile_stream_neither_stops_nor_skews_a_list() {
     let Some(cluster) = Cluster::get("a hostile stream").await else {
@@ -2075,7 +2069,9 @@ async fn a_hostile_stream_neither_stops_nor_skews_a_list() {
         .await;
     let mut counts = BTreeMap::new();
     play_round(&cluster, ns, &topic, &mut counts, 1).await;
-    await_exact_lists(&cluster, ns, &counts).await;
+    for window in ["1h", "all"] {
+        await_exact_in(&cluster, ns, "plays", window, &counts).await;
+    }
 
     // Every hostile event carries a cost that would put its key on top of the lists, were it
     // counted.
@@ -2118,7 +2114,9 @@ async fn a_hostile_stream_neither_stops_nor_skews_a_list() {
 
     // Honest events after all that: the lists keep publishing, and count only honest events.
     play_round(&cluster, ns, &topic, &mut counts, 2).await;
-    await_exact_lists(&cluster, ns, &counts).await;
+    for window in ["1h", "all"] {
+        await_exact_in(&cluster, ns, "plays", window, &counts).await;
+    }
     let rejected = |reason: &'static str| {
         let cluster = &cluster;
         async move {
