@@ -21,7 +21,9 @@ pub struct RankingRecord {
     pub window_end: Option<String>,
     pub items: Vec<RankedItem>,
     pub mode: String,
-    /// No count in `items` exceeds its true value by more than this (0 when exact).
+    /// How much a count in `items` may exceed its true value. Exact mode: 0, the counts of the
+    /// input as read (retried records each counted unless dedupe drops them). Approximate
+    /// mode: the sketch's bound, kept by each count with probability 1 - delta.
     pub max_overcount: u64,
     /// Event time up to which input is complete.
     pub watermark: String,
