@@ -323,6 +323,45 @@ async fn operator_builds_rescales_with_fencing_settles_without_writes_and_cleans
         .expect("reconcile");
     assert_eq!(creates.get(), 1, "no CreateTopics once they are known");
 
+    // The assignment ConfigMap deleted under the running metric (a clean-up script, a hand
+    // edit gone wrong): the operator writes a table whose version and every epoch pass the
+    // deleted one's, so that workers and reducers take it as the newest and every earlier
+    // owner stays fenced; it says so with a Warning, then the metric settles again.
+    let controller = tokio::spawn(reconcile::run(context(client.clone())));
+    let before = table(&configmaps).await.expect("table");
+    configmaps
+        .delete("clicks-assignment", &DeleteParams::default())
+        .await
+        .expect("delete the assignment");
+    let replaced = await_some("a table that continues the deleted one", WAIT, || async {
+        table(&configmaps)
+            .await
+            .filter(|t| t.version > before.version)
+    })
+    .await;
+    let highest = before.shards.iter().map(|o| o.epoch).max().unwrap_or(0);
+    assert!(
+        replaced.shards.iter().all(|o| o.epoch > highest),
+        "{before:?} then {replaced:?}"
+    );
+    assert_eq!(per_worker(&replaced), vec![2, 2]);
+    await_some("the InvalidAssignment warning", WAIT, || async {
+        let events = events.list(&Default::default()).await.ok()?.items;
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("InvalidAssignment"))
+            .then_some(())
+    })
+    .await;
+    await_some("Degraded=False once the table is back", WAIT, || async {
+        mark_pods_ready(&client, &ns, "app.kubernetes.io/instance=clicks")
+            .await
+            .ok()?;
+        (condition(&metrics, "Degraded").await? == "False").then_some(())
+    })
+    .await;
+    controller.abort();
+
     // An invalid spec that CEL cannot see is reported, not retried forever.
     let bad = serde_json::json!({"spec": {"mode": "approximate", "sketch": {"candidates": 5}}});
     metrics
