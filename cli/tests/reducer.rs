@@ -52,6 +52,15 @@ impl NewMetric {
             config,
         }
     }
+
+    /// A `plays` metric with one all-time window of 1 s buckets, 200 ms of lateness and the
+    /// `workers` settings (flow YAML without braces).
+    fn all_time(env: &TestEnv, workers: &str) -> Self {
+        let spec = format!(
+            "shards: {SHARDS}\nk: 10\nallowedLateness: 200ms\nworkers: {{{workers}}}\nwindows:\n  - {{name: all, allTime: true, bucket: 1s}}\n"
+        );
+        Self::create(env, "plays", &spec)
+    }
 }
 
 fn manifest(name: &str, bootstrap: &str, topic: &str, deny: &[&str]) -> String {
@@ -93,6 +102,36 @@ fn producer(env: &TestEnv) -> ThreadedProducer<DefaultProducerContext> {
         .set("partitioner", "murmur2_random")
         .create()
         .expect("producer")
+}
+
+/// Sends `events` plays of the global scope to `input`, keyed as topk expects, each a
+/// millisecond after the one before and never behind the clock (`time` carries the last), and
+/// adds them to `counts`.
+fn send_plays(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    input: &str,
+    counts: &mut BTreeMap<(String, String), u64>,
+    events: u64,
+    time: &mut i64,
+) {
+    *time = (*time).max(now_ms());
+    for i in 0..events {
+        *time += 1;
+        let key = format!("song-{}", i * 7 % 23 % (1 + i % 11));
+        let payload = serde_json::json!({
+            "event_time": *time, "metric": "plays", "key": key,
+        })
+        .to_string();
+        producer
+            .send(
+                BaseRecord::to(input)
+                    .key(&message_key("plays", "", &key))
+                    .payload(&payload),
+            )
+            .expect("enqueue");
+        *counts.entry((String::new(), key)).or_default() += 1;
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
 }
 
 /// Exact top `k` per scope of everything produced, without the denied keys.
@@ -928,19 +967,9 @@ fn a_zombie_owner_that_never_saw_the_move_changes_no_list_and_no_snapshot() {
     let Some(env) = TestEnv::get("zombie worker") else {
         return;
     };
-    let metric = NewMetric::create(
+    let metric = NewMetric::all_time(
         &env,
-        "plays",
-        &format!(
-            r#"
-shards: {SHARDS}
-k: 10
-allowedLateness: 200ms
-workers: {{checkpointInterval: 200ms, idleTimeout: 1s, snapshotInterval: 500ms, handoffWait: 2s}}
-windows:
-  - {{name: all, allTime: true, bucket: 1s}}
-"#
-        ),
+        "checkpointInterval: 200ms, idleTimeout: 1s, snapshotInterval: 500ms, handoffWait: 2s",
     );
     let stack = common::Stack::start(metric.dir.path(), &metric.config);
     let frozen = metric.dir.path().join("zombie-assignment.json");
@@ -955,29 +984,7 @@ windows:
     let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut time = 0i64;
     let mut produce = |counts: &mut BTreeMap<(String, String), u64>, events: u64| {
-        time = time.max(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock")
-                .as_millis() as i64,
-        );
-        for i in 0..events {
-            time += 1;
-            let key = format!("song-{}", i * 7 % 23 % (1 + i % 11));
-            let payload = serde_json::json!({
-                "event_time": time, "metric": "plays", "key": key,
-            })
-            .to_string();
-            producer
-                .send(
-                    BaseRecord::to(&metric.input)
-                        .key(&message_key("plays", "", &key))
-                        .payload(&payload),
-                )
-                .expect("enqueue");
-            *counts.entry((String::new(), key)).or_default() += 1;
-        }
-        producer.flush(Duration::from_secs(30)).expect("flush");
+        send_plays(&producer, &metric.input, counts, events, &mut time);
     };
     let await_exact = |counts: &BTreeMap<(String, String), u64>, what: &str| {
         await_all_time(&stack.reducer.base, &oracle(counts, &[], 10), what)
@@ -1031,6 +1038,58 @@ windows:
         .expect("a snapshot");
     assert_eq!(again.checkpoint.epoch, 2);
     assert!(again.checkpoint.next_offset >= in_force.checkpoint.next_offset);
+}
+
+#[test]
+fn a_reducer_without_its_table_reads_no_summary_until_it_comes_and_loses_no_end() {
+    let Some(env) = TestEnv::get("reducer with its table withheld") else {
+        return;
+    };
+    let metric = NewMetric::all_time(&env, "checkpointInterval: 200ms, idleTimeout: 1s");
+    let mut stack = common::Stack::start(metric.dir.path(), &metric.config);
+    let _worker0 = stack.worker(0);
+    let _worker1 = stack.worker(1);
+    let (producer, mut counts, mut time) = (producer(&env), BTreeMap::new(), 0);
+    send_plays(&producer, &metric.input, &mut counts, 1_000, &mut time);
+    await_all_time(&stack.reducer.base, &oracle(&counts, &[], 10), "first");
+
+    // The reducer restarts where its table cannot be read (in a cluster: the ConfigMap's watch
+    // not answered yet); the workers keep theirs and publish a backlog of window ends.
+    let table = metric.dir.path().join("assignment.json");
+    let withheld = metric.dir.path().join("assignment.withheld");
+    stack.restart_reducer_after(|| std::fs::rename(&table, &withheld).expect("withhold"));
+    let summaries = TopicNames::of(NS, &metric.name).summaries;
+    let reader = topk_testenv::reading_consumer(&env.kafka_config(), "withheld");
+    let published = || {
+        rdkafka::consumer::Consumer::fetch_watermarks(
+            &reader,
+            &summaries,
+            0,
+            Duration::from_secs(10),
+        )
+        .expect("watermarks")
+        .1
+    };
+    let before = published();
+    for _ in 0..5 {
+        send_plays(&producer, &metric.input, &mut counts, 1_000, &mut time);
+    }
+    common::await_some("a backlog of summaries", WAIT, || {
+        (published() > before + 40).then_some(())
+    });
+    // Read, they could only wait in quarantine, in memory: none is read.
+    let page = common::get(&format!("{}/metrics", stack.reducer.base)).1;
+    assert_eq!(common::metric(&page, "topk_reducer_quarantined"), Some(0.0));
+
+    // The table comes: every window end of the backlog is merged, the lists are exact.
+    std::fs::rename(&withheld, &table).expect("give the table back");
+    await_all_time(&stack.reducer.base, &oracle(&counts, &[], 10), "backlog");
+    let page = common::get(&format!("{}/metrics", stack.reducer.base)).1;
+    assert_eq!(
+        common::metric(&page, "topk_reducer_dropped"),
+        Some(0.0),
+        "no end or summary dropped at a bound"
+    );
 }
 
 #[test]

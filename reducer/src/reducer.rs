@@ -363,7 +363,18 @@ impl Reducer {
     pub fn run(&mut self, stop: &AtomicBool) -> Result<(), Error> {
         let mut since_housekeeping = 0u32;
         let mut last_housekeeping = Instant::now();
+        let mut waiting_for_table = false;
         while !stop.load(Ordering::SeqCst) {
+            // Before its first assignment table the reducer could only quarantine every summary
+            // it reads (a backlog of them, after a restart): it reads none until one arrives.
+            if self.regions.is_none() && !self.state.has_table() {
+                if !std::mem::replace(&mut waiting_for_table, true) {
+                    tracing::info!("waiting for the assignment table before reading summaries");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+                self.housekeeping()?;
+                continue;
+            }
             match self.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(msg)) if msg.topic() == self.settings.topics.exact_hours => {
                     // Rare and possibly large: owned, so the consumer can be polled again.

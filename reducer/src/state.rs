@@ -261,6 +261,12 @@ impl ReducerState {
         self.dropped
     }
 
+    /// Whether an assignment table has been taken: before one, every summary could only be
+    /// quarantined.
+    pub fn has_table(&self) -> bool {
+        self.table.is_some()
+    }
+
     pub fn quarantined(&self) -> usize {
         self.quarantine.len()
     }
