@@ -172,9 +172,19 @@ impl Cluster {
 
     /// [`Cluster::start`] with more spec fields (YAML lines).
     async fn start_with(&self, prefix: &str, extra_spec: &str) -> (Scenario, String) {
+        self.start_on_topic(prefix, &[], extra_spec).await
+    }
+
+    /// [`Cluster::start_with`] on a topic created with `topic_config` (`name=value`).
+    async fn start_on_topic(
+        &self,
+        prefix: &str,
+        topic_config: &[&str],
+        extra_spec: &str,
+    ) -> (Scenario, String) {
         let scenario = self.scenario(prefix).await;
         let topic = format!("{}-plays", scenario.ns);
-        self.create_topic(&topic, 4);
+        self.create_topic_with("localhost:9092", &topic, 4, topic_config);
         self.apply_metric_with(
             &self.bootstrap(),
             &scenario.ns,
@@ -2042,31 +2052,19 @@ async fn a_hostile_stream_neither_stops_nor_skews_a_list() {
     let Some(cluster) = Cluster::get("a hostile stream").await else {
         return;
     };
-    let scenario = cluster.scenario("hostile").await;
-    let ns = scenario.ns.as_str();
-    let topic = format!("{ns}-plays");
     // As topics that predate Kafka 4's bound on record timestamps, or were configured past it,
     // are: any timestamp; records up to 4 MiB.
-    cluster.create_topic_with(
-        "localhost:9092",
-        &topic,
-        4,
-        &[
-            "message.timestamp.after.max.ms=9223372036854775807",
-            "max.message.bytes=4194304",
-        ],
-    );
-    cluster
-        .apply_metric_with(
-            &cluster.bootstrap(),
-            ns,
-            "plays",
-            &topic,
-            2,
-            &[],
+    let (scenario, topic) = cluster
+        .start_on_topic(
+            "hostile",
+            &[
+                "message.timestamp.after.max.ms=9223372036854775807",
+                "max.message.bytes=4194304",
+            ],
             "maxScopes: 100",
         )
         .await;
+    let ns = scenario.ns.as_str();
     let mut counts = BTreeMap::new();
     play_round(&cluster, ns, &topic, &mut counts, 1).await;
     for window in ["1h", "all"] {

@@ -42,6 +42,17 @@ spec:
         .expect("create");
 }
 
+/// Replica `id`'s elector over Lease `lease` in `ns`.
+fn elector(
+    client: Client,
+    ns: &str,
+    lease: &str,
+    id: &str,
+    duration: Duration,
+) -> Arc<LeaderElector> {
+    Arc::new(LeaderElector::new(client, ns, lease, id, duration))
+}
+
 fn replica(client: &Client) -> Arc<Context> {
     Context::new(client.clone(), Settings::default())
 }
@@ -55,15 +66,7 @@ async fn two_replicas_never_both_act_and_the_follower_takes_over() {
 
     let lease = unique_name("lease");
     let (a, b) = (replica(&client), replica(&client));
-    let elector = |id: &str| {
-        Arc::new(LeaderElector::new(
-            client.clone(),
-            &ns,
-            &lease,
-            id,
-            Duration::from_secs(2),
-        ))
-    };
+    let elector = |id: &str| elector(client.clone(), &ns, &lease, id, Duration::from_secs(2));
     let tick = Duration::from_millis(300);
     let task_a = tokio::spawn(reconcile::run_when_leader(
         a.clone(),
@@ -135,8 +138,7 @@ async fn a_leader_whose_renewals_hang_stops_acting_before_a_follower_takes_over(
     let lease = unique_name("lease");
     let duration = Duration::from_secs(3);
     let frozen = Arc::new(AtomicBool::new(false));
-    let elector =
-        |client: Client, id: &str| Arc::new(LeaderElector::new(client, &ns, &lease, id, duration));
+    let elector = |client: Client, id: &str| elector(client, &ns, &lease, id, duration);
     let tick = Duration::from_millis(300);
     let (a, b) = (replica(&client), replica(&client));
     let a_elector = elector(freezable(client.clone(), frozen.clone()), "replica-a");
