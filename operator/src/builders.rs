@@ -769,7 +769,7 @@ fn field_env(name: &str, field_path: &str) -> EnvVar {
 }
 
 /// Default (cpu request, memory request, memory limit) of each data-plane pod. Measured
-/// (README): a worker counts about 1 M events per CPU-second and its engine holds 70-150 MiB
+/// (docs/benchmarks.md): a worker counts about 1 M events per CPU-second and its engine holds 70-150 MiB
 /// for a 1h window of a million keys; a reducer's merge and store are smaller; a recount
 /// holds `recount.maxInMemory` (1 M by default) pairs and ids at 45-80 bytes each. No CPU
 /// limit: throttling would only slow catch-up.

@@ -370,7 +370,7 @@ impl Sink {
         let mut out_of_range = Vec::new();
         // Every message is parsed, and its key looked ahead, before the first is counted: the
         // cache misses on the batch's key records overlap instead of stalling each message in
-        // turn (the zipf bench's exact row: see the README).
+        // turn (the zipf bench's exact row: see docs/benchmarks.md).
         let parsed: Vec<_> = messages
             .iter()
             .map(|msg| parse_ahead(msg, owned, streams))
