@@ -36,6 +36,12 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "the operator builds no RocksDB (runtime features)"
+if cargo tree -p topk-operator --locked --prefix none | grep -q '^librocksdb-sys '; then
+  echo "topk-operator depends on RocksDB: take runtime's features it uses only" >&2
+  exit 1
+fi
+
 step "cargo test"
 log="$(mktemp)"
 trap 'rm -f "$log"; [[ -z "$testenv" ]] || ./scripts/testenv.sh down || true' EXIT

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use topk_api::assignment::AssignmentTable;
+use topk_api::assignment::{AssignmentTable, planner};
 use topk_api::handoff::SnapshotRecords;
 use topk_api::record::{ExactHourChunk, ExactHourManifest, SummaryRecord};
 use topk_api::{DataPlaneConfig, load_manifest};
@@ -71,11 +71,38 @@ pub fn exact_hour(data: &[u8]) {
     let _ = serde_json::from_slice::<ExactHourChunk>(data);
 }
 
-/// The assignment ConfigMap's table, read as workers and reducers read it.
+/// The assignment ConfigMap's table, read as workers and reducers read it, and as the
+/// operator reads it: checked, then planned from for a few shard and worker counts. A table
+/// the check passes must plan to one on running workers only.
 pub fn assignment(data: &[u8]) {
     if let Ok(table) = serde_json::from_slice::<AssignmentTable>(data) {
         for shard in 0..table.shards.len().min(4096) as u32 + 1 {
             let _ = table.owner(shard);
+        }
+        let listed = u32::try_from(table.shards.len())
+            .unwrap_or(u32::MAX)
+            .min(4096);
+        for shards in [1, listed.max(1), listed.saturating_add(1)] {
+            for workers in [1, 3, shards] {
+                let passed = planner::table_problem(&table, shards, workers, None).is_none();
+                let next = planner::plan(shards, Some(&table), workers);
+                assert_eq!(
+                    next.shards.len(),
+                    shards as usize,
+                    "a plan lists every shard"
+                );
+                if passed {
+                    assert!(
+                        next.shards.iter().all(|o| o.worker < workers),
+                        "a checked table planned onto a worker that does not run"
+                    );
+                    assert_eq!(
+                        planner::table_problem(&next, shards, workers, Some(table.version)),
+                        None,
+                        "a plan from a checked table fails the check"
+                    );
+                }
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde::Deserialize;
-use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable};
+use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable, planner};
 use topk_api::manifest::{
     INTERNAL_KAFKA_ANNOTATION, INTERNAL_ON_SOURCE, KafkaCluster, RecountFailure, RecountStatus,
     RescaleStatus, WorkersStatus,
@@ -25,7 +25,7 @@ use crate::builders::{
     RECOUNT_FROM_ANNOTATION, Rollout, Settings, TABLE_CHANGED_AT,
 };
 use crate::error::Error;
-use crate::planner;
+
 use crate::recount::{self, JobState, ObservedJob};
 use crate::rollout::{self, Observed};
 use crate::status::condition;

@@ -8,7 +8,6 @@ pub mod decide;
 pub mod error;
 pub mod leader;
 pub mod metrics;
-pub mod planner;
 pub mod reconcile;
 pub mod recount;
 pub mod rollout;

@@ -5,7 +5,7 @@
 
 use topk_api::assignment::AssignmentTable;
 
-use crate::planner::plan;
+use topk_api::assignment::planner::plan;
 
 /// What the reconciler observes and decides a rescale step from.
 #[derive(Debug, Clone, PartialEq, Eq)]

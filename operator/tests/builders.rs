@@ -1,10 +1,10 @@
 //! The desired objects of a TopKMetric, built from a YAML fixture without any cluster.
 
+use topk_api::assignment::planner::plan;
 use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, load_manifest};
 use topk_operator::builders::{
     CONFIG_HASH_ANNOTATION, Desired, PodTemplated, Rollout, Settings, Workers, desired, recount_job,
 };
-use topk_operator::planner::plan;
 
 fn fixture() -> TopKMetric {
     load_manifest(include_str!("fixtures/metric.yaml")).expect("fixture")

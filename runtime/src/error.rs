@@ -5,6 +5,7 @@ use thiserror::Error;
 pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
+    #[cfg(feature = "kafka")]
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("{0} records were not delivered")]

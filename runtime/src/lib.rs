@@ -4,20 +4,28 @@
 //! probe and metrics endpoints ([`probes`]), local stores set aside when corrupt ([`store`]),
 //! config loading and shutdown.
 
+#[cfg(feature = "control")]
 pub mod control;
 pub mod error;
+#[cfg(feature = "kafka")]
 #[allow(unsafe_code)]
 pub mod input;
+#[cfg(feature = "kafka")]
 pub mod output;
 pub mod probes;
+#[cfg(feature = "store")]
 pub mod store;
 
 use std::path::Path;
 
+#[cfg(feature = "control")]
 pub use control::ControlPlane;
 pub use error::Error;
+use topk_api::DataPlaneConfig;
+#[cfg(feature = "kafka")]
+use topk_api::KafkaClients;
+#[cfg(feature = "kafka")]
 use topk_api::kafka::KafkaProperties;
-use topk_api::{DataPlaneConfig, KafkaClients};
 
 /// Reads the config the operator renders (JSON), or a TopKMetric manifest (YAML), which
 /// becomes the same config.
@@ -27,6 +35,7 @@ pub fn load_config(path: &Path) -> Result<DataPlaneConfig, Error> {
     DataPlaneConfig::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
 }
 
+#[cfg(feature = "kafka")]
 /// The properties of the metric's Kafka clients (input and internal topics), with the
 /// credentials its settings reference read from `secrets_dir` (where the operator mounts
 /// them, as `SECRET/KEY`).
@@ -44,6 +53,7 @@ pub fn kafka_properties(
     Ok(clients)
 }
 
+#[cfg(feature = "kafka")]
 /// The properties of a client of another metric's cluster (a regional reducer's of its global
 /// metric's), credentials read as for [`kafka_properties`].
 pub fn cluster_properties(
@@ -60,11 +70,13 @@ pub fn cluster_properties(
     Ok(properties)
 }
 
+#[cfg(feature = "kafka")]
 fn read_secret(secrets_dir: &Path, key: &topk_api::kafka::SecretKey) -> Result<String, String> {
     let path = secrets_dir.join(key.path());
     std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
+#[cfg(feature = "kafka")]
 /// Whether librdkafka takes every property (a value it refuses, or a feature this build lacks),
 /// said at start with no credential in the message: librdkafka's refusals quote the value.
 pub fn check_client_config(properties: &KafkaProperties) -> Result<(), Error> {
@@ -86,6 +98,7 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+#[cfg(feature = "kafka")]
 /// A librdkafka config with `properties` set: every client of the metric starts from it.
 pub fn client_config(properties: &KafkaProperties) -> rdkafka::ClientConfig {
     let mut config = rdkafka::ClientConfig::new();

@@ -15,7 +15,7 @@ pub fn rendered_config(dir: &Path, manifest: &str, ns: &str) -> PathBuf {
     metric.metadata.namespace = Some(ns.to_owned());
     metric.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_owned());
     let rollout = (!metric.spec.is_global()).then(|| {
-        let table = topk_operator::planner::plan(metric.spec.shards(), None, 1);
+        let table = topk_api::assignment::planner::plan(metric.spec.shards(), None, 1);
         topk_operator::builders::Rollout::settled(&metric, table)
     });
     let desired = topk_operator::builders::desired(&metric, rollout.as_ref(), &Default::default())

@@ -3,6 +3,8 @@
 //! workers and reducers read it. Epochs fence stale owners: a shard's epoch increases with
 //! every move and never decreases.
 
+pub mod planner;
+
 use serde::{Deserialize, Serialize};
 
 /// ConfigMap data key holding the table as JSON.
