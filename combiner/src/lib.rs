@@ -132,17 +132,13 @@ pub async fn run(
             tracing::error!(%err, "HTTP server stopped");
         }
     });
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopper = stop.clone();
-    let combining =
-        tokio::task::spawn_blocking(move || Combiner::start(settings, health)?.run(&stopper));
-    tokio::pin!(combining);
-    tokio::select! {
-        result = &mut combining => return result.map_err(|e| Error::Config(e.to_string()))?,
-        _ = topk_runtime::shutdown_signal() => tracing::info!("stopping: committing what is held"),
-    }
-    stop.store(true, Ordering::SeqCst);
-    combining.await.map_err(|e| Error::Config(e.to_string()))?
+    topk_runtime::harness::run_until(
+        "combining",
+        "stopping: committing what is held",
+        topk_runtime::shutdown_signal(),
+        move |stop| Combiner::start(settings, health)?.run(stop),
+    )
+    .await
 }
 
 /// One input partition: its producer, what is held for its next transaction, and offsets.

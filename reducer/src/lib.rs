@@ -17,7 +17,7 @@ pub mod store;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
@@ -206,14 +206,11 @@ pub async fn run(
         }
     });
     let mut reducer = Reducer::new(settings, shared, table_rx, deny_rx)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopper = stop.clone();
-    let merging = tokio::task::spawn_blocking(move || reducer.run(&stopper));
-    tokio::pin!(merging);
-    tokio::select! {
-        result = &mut merging => return result.map_err(|e| Error::Config(e.to_string()))?,
-        _ = topk_runtime::shutdown_signal() => tracing::info!("stopping"),
-    }
-    stop.store(true, Ordering::SeqCst);
-    merging.await.map_err(|e| Error::Config(e.to_string()))?
+    topk_runtime::harness::run_until(
+        "merging",
+        "stopping",
+        topk_runtime::shutdown_signal(),
+        move |stop| reducer.run(stop),
+    )
+    .await
 }

@@ -10,6 +10,8 @@ pub enum Error {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("{0} records were not delivered")]
     Undelivered(u64),
+    #[error("{what} panicked: {message}")]
+    Panicked { what: &'static str, message: String },
     #[error("local store {path}: {reason}")]
     Store { path: String, reason: String },
 }

@@ -7,6 +7,7 @@
 #[cfg(feature = "control")]
 pub mod control;
 pub mod error;
+pub mod harness;
 #[cfg(feature = "kafka")]
 #[allow(unsafe_code)]
 pub mod input;

@@ -9,7 +9,7 @@ pub mod worker;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use tokio::sync::{mpsc, watch};
 use topk_api::DataPlaneConfig;
@@ -19,7 +19,7 @@ use topk_engine::EngineConfig;
 use topk_query::{BlockingPointCounts, Frequency, frequency_router};
 use topk_runtime::probes::{self, Probes};
 
-use topk_runtime::{ControlPlane, control, shutdown_signal};
+use topk_runtime::{ControlPlane, control, harness, shutdown_signal};
 
 pub use error::Error;
 pub use topk_api::record::SummaryRecord;
@@ -128,14 +128,11 @@ pub async fn run(
             tracing::error!(%err, "HTTP server stopped");
         }
     });
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopper = stop.clone();
-    let counting = tokio::task::spawn_blocking(move || worker.run(&stopper));
-    tokio::pin!(counting);
-    tokio::select! {
-        result = &mut counting => return result.map_err(|e| Error::Config(e.to_string()))?,
-        _ = shutdown_signal() => tracing::info!("stopping: checkpointing every shard"),
-    }
-    stop.store(true, Ordering::SeqCst);
-    counting.await.map_err(|e| Error::Config(e.to_string()))?
+    harness::run_until(
+        "counting",
+        "stopping: checkpointing every shard",
+        shutdown_signal(),
+        move |stop| worker.run(stop),
+    )
+    .await
 }
