@@ -84,9 +84,7 @@ fn produce_blocking(args: &ProduceArgs) -> Result<(), CliError> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &args.bootstrap)
-        // The Java client's partitioner (librdkafka's default hashes with CRC32): every key
-        // lands on the shard topk computes for it.
-        .set("partitioner", "murmur2_random")
+        .set("partitioner", topk_runtime::clients::KEYED_PARTITIONER)
         .set("enable.idempotence", "true")
         .set("linger.ms", "20");
     if let Some(path) = &args.producer_config {

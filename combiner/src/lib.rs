@@ -37,6 +37,7 @@ use topk_engine::EngineConfig;
 use topk_engine::event::EventParser;
 use topk_engine::partition::message_key;
 use topk_engine::pipeline::{check_event, future_reference_ms};
+use topk_runtime::clients;
 use topk_runtime::input::{InputConsumer, InputMessage};
 use topk_runtime::now_ms;
 use topk_runtime::output::{DEAD_LETTER_PAYLOAD_BYTES, DeliveryCounter, dead_letter_headers, send};
@@ -190,19 +191,12 @@ impl Combiner {
     /// Finds the input's partitions, fences their older owners, reads back where each one's
     /// committed transactions end, and assigns them from there.
     pub fn start(settings: CombinerSettings, health: Arc<Health>) -> Result<Self, Error> {
-        let input = topk_runtime::client_config(&settings.kafka.input)
-            .set(
-                "group.id",
-                format!("{}.{}", settings.transactional_prefix, settings.ordinal),
-            )
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            // An offset outside the retained range comes back as an error, handled as the
-            // workers handle it: counted and logged, never a silent jump.
-            .set("auto.offset.reset", "error")
-            .set("enable.partition.eof", "false")
-            .set("fetch.queue.backoff.ms", "10")
-            .create::<BaseConsumer>()?;
+        // Offsets live in the transactions; out of range is handled as the workers handle it.
+        let input = clients::input_reader(
+            &settings.kafka.input,
+            &format!("{}.{}", settings.transactional_prefix, settings.ordinal),
+        )
+        .create::<BaseConsumer>()?;
         let partition_count = await_partitions(&input, &settings.input_topic)?;
         let owned = owned_partitions(partition_count, settings.ordinal, settings.combine.replicas);
         tracing::info!(
@@ -228,8 +222,7 @@ impl Combiner {
                         "transaction.timeout.ms",
                         transaction_timeout(flush).as_millis().to_string(),
                     )
-                    // The Java client's partitioner: every key lands on the shard topk computes.
-                    .set("partitioner", "murmur2_random")
+                    .set("partitioner", clients::KEYED_PARTITIONER)
                     .set("linger.ms", "5")
                     .create_with_context(DeliveryCounter::default())?;
             producer
@@ -604,15 +597,12 @@ fn committed_offsets(
     owned: &[i32],
 ) -> Result<BTreeMap<i32, i64>, Error> {
     let topic = &settings.combine.topics.offsets;
-    let reader: BaseConsumer = topk_runtime::client_config(&settings.kafka.internal)
-        .set(
-            "group.id",
-            format!("{}.offsets", settings.transactional_prefix),
-        )
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false")
-        .create()?;
+    let reader: BaseConsumer = clients::assigned_reader(
+        &settings.kafka.internal,
+        &format!("{}.offsets", settings.transactional_prefix),
+    )
+    .set("isolation.level", "read_committed")
+    .create()?;
     let (_, end) = reader.fetch_watermarks(topic, 0, KAFKA_WAIT)?;
     let mut list = TopicPartitionList::new();
     list.add_partition_offset(topic, 0, Offset::Beginning)?;

@@ -168,13 +168,9 @@ struct Gateway {
 
 impl Gateway {
     fn new(settings: GatewaySettings) -> Result<Self, Error> {
-        let mut config = topk_runtime::client_config(&settings.kafka);
+        let mut config = topk_runtime::clients::keyed_producer(&settings.kafka, 5);
         config
-            // The Java client's partitioner: every key lands on the shard topk computes.
-            .set("partitioner", "murmur2_random")
-            .set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("linger.ms", "5")
             .set(
                 "queue.buffering.max.messages",
                 settings.queue_capacity.to_string(),

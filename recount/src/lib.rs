@@ -131,17 +131,11 @@ pub fn recount(settings: &RecountSettings) -> Result<ExactHourManifest, Error> {
     let hour = format_rfc3339_ms(settings.hour_start_ms);
     let hour_end = settings.hour_start_ms + HOUR_MS;
     let input = InputConsumer::new(
-        topk_runtime::client_config(&settings.kafka.input)
-            .set(
-                "group.id",
-                format!("topk-{}-recount", settings.engine.metric),
-            )
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            // With a full local queue librdkafka pauses fetching for this long (1 s by
-            // default); a recount counts faster than that and would sit idle.
-            .set("fetch.queue.backoff.ms", "10")
-            .create()?,
+        topk_runtime::clients::assigned_reader(
+            &settings.kafka.input,
+            &format!("topk-{}-recount", settings.engine.metric),
+        )
+        .create()?,
     )?;
     let consumer = input.consumer();
     let metadata = consumer.fetch_metadata(Some(&settings.input_topic), KAFKA_TIMEOUT)?;
@@ -353,10 +347,10 @@ fn run_id() -> String {
 }
 
 fn producer(settings: &RecountSettings) -> Result<ThreadedProducer<DeliveryCounter>, Error> {
-    Ok(topk_runtime::client_config(&settings.kafka.internal)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "20")
-        .create_with_context(DeliveryCounter::default())?)
+    Ok(
+        topk_runtime::clients::idempotent_producer(&settings.kafka.internal, 20)
+            .create_with_context(DeliveryCounter::default())?,
+    )
 }
 
 /// Sends the counts as chunks of about [`CHUNK_BYTES`] of JSON.

@@ -274,20 +274,15 @@ impl Reducer {
         if let Some(table) = initial {
             state.set_table(table);
         }
-        let consumer: BaseConsumer = topk_runtime::client_config(&settings.kafka)
-            // Positions live in the ranking store; the group id is only required.
-            .set(
-                "group.id",
-                format!("topk-{}-reducer", settings.merge.metric),
-            )
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            .set("fetch.queue.backoff.ms", "10")
-            // An offset retention deleted resumes at the oldest retained record, never at the
-            // end (librdkafka's default), which would skip every summary still there.
-            .set("auto.offset.reset", "earliest")
-            .create()?;
+        // Positions live in the ranking store.
+        let consumer: BaseConsumer = topk_runtime::clients::assigned_reader(
+            &settings.kafka,
+            &format!("topk-{}-reducer", settings.merge.metric),
+        )
+        // An offset retention deleted resumes at the oldest retained record, never at the
+        // end (librdkafka's default), which would skip every summary still there.
+        .set("auto.offset.reset", "earliest")
+        .create()?;
         let region_sender = match &settings.region_output {
             Some(output) => Some(RegionSender {
                 producer: topk_runtime::client_config(&output.kafka)

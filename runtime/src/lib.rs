@@ -4,6 +4,8 @@
 //! probe and metrics endpoints ([`probes`]), local stores set aside when corrupt ([`store`]),
 //! config loading and shutdown.
 
+#[cfg(feature = "kafka")]
+pub mod clients;
 #[cfg(feature = "control")]
 pub mod control;
 pub mod error;

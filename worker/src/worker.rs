@@ -44,6 +44,7 @@ use crate::handoff::Published;
 use crate::metrics::{StateLabel, WorkerMetrics};
 use topk_api::frequency::answer_from;
 use topk_query::BlockingPointCounts;
+use topk_runtime::clients;
 use topk_runtime::control::Report;
 use topk_runtime::input::InputConsumer;
 use topk_runtime::now_ms;
@@ -146,40 +147,31 @@ impl Worker {
         reports: mpsc::UnboundedSender<Report>,
         health: Arc<Health>,
     ) -> Result<Self, Error> {
-        let kafka = topk_runtime::client_config(&settings.kafka.internal);
-        // Offsets live in the checkpoints, never in the group; the id is only required.
-        let consumer: BaseConsumer = topk_runtime::client_config(&settings.kafka.input)
-            .set("group.id", format!("topk-{}-worker", settings.name))
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "error")
-            .set("enable.partition.eof", "false")
-            // With a full local queue librdkafka pauses fetching for this long (1 s by
-            // default); a worker that drains its queue faster than that sat idle in `poll`.
-            .set("fetch.queue.backoff.ms", "10")
-            .create()?;
+        // Offsets live in the checkpoints, never in the group.
+        let consumer: BaseConsumer = clients::input_reader(
+            &settings.kafka.input,
+            &format!("topk-{}-worker", settings.name),
+        )
+        .create()?;
         let delivery = DeliveryCounter::default();
-        let producer: ThreadedProducer<DeliveryCounter> = kafka
-            .clone()
-            .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
-            // Room for the largest summary record plus its batch framing.
-            .set(
-                "message.max.bytes",
-                topk_api::topics::summary_batch_bytes(
-                    u32::try_from(settings.max_summary_record_bytes).unwrap_or(u32::MAX),
+        let producer: ThreadedProducer<DeliveryCounter> =
+            clients::idempotent_producer(&settings.kafka.internal, 5)
+                // Room for the largest summary record plus its batch framing.
+                .set(
+                    "message.max.bytes",
+                    topk_api::topics::summary_batch_bytes(
+                        u32::try_from(settings.max_summary_record_bytes).unwrap_or(u32::MAX),
+                    )
+                    .to_string(),
                 )
-                .to_string(),
-            )
-            .create_with_context(delivery.clone())?;
+                .create_with_context(delivery.clone())?;
         std::fs::create_dir_all(&settings.state_dir)?;
         let store = CheckpointStore::open(&settings.state_dir.join("checkpoints"))?;
-        let snapshot_reader: BaseConsumer = kafka
-            .clone()
-            .set("group.id", format!("topk-{}-handoff", settings.name))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            .create()?;
+        let snapshot_reader: BaseConsumer = clients::assigned_reader(
+            &settings.kafka.internal,
+            &format!("topk-{}-handoff", settings.name),
+        )
+        .create()?;
         if store.set_aside().is_some() {
             health
                 .metrics
