@@ -60,6 +60,7 @@ pub struct ReducerMetrics {
     pub watermark_lag_seconds: Family<WindowLabel, Gauge>,
     pub dropped: Gauge,
     pub quarantined: Gauge,
+    pub held_bytes: Gauge,
     pub requests: Family<CodeLabel, Counter>,
     pub status_writes: Counter,
     pub kafka_errors: Counter,
@@ -117,6 +118,7 @@ impl Default for ReducerMetrics {
             watermark_lag_seconds: Family::default(),
             dropped: Gauge::default(),
             quarantined: Gauge::default(),
+            held_bytes: Gauge::default(),
             requests: Family::default(),
             status_writes: Counter::default(),
             kafka_errors: Counter::default(),
@@ -221,6 +223,11 @@ impl Default for ReducerMetrics {
             "quarantined",
             "Summaries from epochs newer than the known assignment table",
             m.quarantined.clone(),
+        );
+        r.register(
+            "held_bytes",
+            "Bytes of summaries held waiting (pending window ends and quarantine), bounded by 256 MiB",
+            m.held_bytes.clone(),
         );
         r.register(
             "requests",

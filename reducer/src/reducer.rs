@@ -502,6 +502,7 @@ impl Reducer {
                 .set(sender.producer.context().failed() as i64);
         }
         metrics.quarantined.set(self.state.quarantined() as i64);
+        metrics.held_bytes.set(self.state.held_bytes() as i64);
         let now = now_ms();
         for (w, window) in self.settings.merge.windows.iter().enumerate() {
             let threshold = self.settings.stale_after.max(Duration::from_millis(

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use topk_api::assignment::AssignmentTable;
 use topk_api::record::{RegionCoverage, ShardOffset, SummaryRecord};
-use topk_engine::summary::{KeyCount, merge_known};
+use topk_engine::summary::{KeyCount, ScopeItems, merge_known};
 use topk_engine::trend::TrendScore;
 use topk_engine::{EngineConfig, Ranking, ShardSummary};
 
@@ -21,6 +21,11 @@ use crate::exact::{HOUR_MS, StreamingHour};
 pub const MAX_PENDING_ENDS: usize = 4096;
 /// Summaries held in quarantine; past it the oldest is dropped (and counted).
 pub const MAX_QUARANTINE: usize = 10_000;
+/// Bytes of summaries held waiting, pending ends and quarantine together (a quarter of the
+/// reducer's default 1 GiB memory limit): past it the quarantine's oldest, then the oldest
+/// pending end are dropped (and counted), so that a stuck shard or a flood of summaries ahead
+/// of the table cannot hold more than this, whatever its records' sizes.
+pub const MAX_HELD_BYTES: usize = 256 << 20;
 
 /// What the reducer merges: one metric under one configuration.
 #[derive(Debug, Clone)]
@@ -183,6 +188,8 @@ struct Pending {
     /// When its last part was sent (the worker's clock, from the record timestamp): just after
     /// the shard's watermark passed the window end.
     sent_ms: Option<i64>,
+    /// What its parts received hold in memory (see [`summary_bytes`]).
+    bytes: usize,
 }
 
 impl Pending {
@@ -209,10 +216,15 @@ pub struct ReducerState {
     cfg: ReducerConfig,
     table: Option<AssignmentTable>,
     windows: Vec<WindowState>,
-    quarantine: VecDeque<(SummaryRecord, i64, Option<i64>)>,
+    /// Each with its offset, its record's timestamp and its [`summary_bytes`].
+    quarantine: VecDeque<(SummaryRecord, i64, Option<i64>, usize)>,
     deny: BTreeSet<String>,
     /// Pending ends and quarantined summaries dropped because their bound was reached.
     dropped: u64,
+    /// At least the bytes held (every summary held since the last count added, none of those
+    /// let go taken off): counted exactly again only when it passes `max_held_bytes`.
+    held_at_most: usize,
+    max_held_bytes: usize,
     /// The window whose lists ending on an hour are that hour's streaming lists.
     hour_window: Option<usize>,
     /// Clock hours completed since [`Self::take_hours`] last ran.
@@ -243,10 +255,18 @@ impl ReducerState {
             quarantine: VecDeque::new(),
             deny: BTreeSet::new(),
             dropped: 0,
+            held_at_most: 0,
+            max_held_bytes: MAX_HELD_BYTES,
             hour_window,
             completed_hours: Vec::new(),
             end_completed: false,
         }
+    }
+
+    /// The same with another bound on the bytes held waiting than [`MAX_HELD_BYTES`].
+    pub fn with_max_held_bytes(mut self, max: usize) -> Self {
+        self.max_held_bytes = max;
+        self
     }
 
     pub fn config(&self) -> &ReducerConfig {
@@ -308,7 +328,7 @@ impl ReducerState {
         let waiting: Vec<_> = self.quarantine.drain(..).collect();
         waiting
             .into_iter()
-            .map(|(record, offset, sent_ms)| self.offer(record, offset, sent_ms))
+            .map(|(record, offset, sent_ms, _)| self.offer(record, offset, sent_ms))
             .collect()
     }
 
@@ -348,11 +368,15 @@ impl ReducerState {
             Some(epoch) if summary.epoch < epoch => return Outcome::StaleEpoch,
             Some(epoch) if summary.epoch == epoch => {}
             _ => {
-                self.quarantine.push_back((record, record_offset, sent_ms));
+                let bytes = summary_bytes(&record.summary);
+                self.held_at_most += bytes;
+                self.quarantine
+                    .push_back((record, record_offset, sent_ms, bytes));
                 if self.quarantine.len() > MAX_QUARANTINE {
                     self.quarantine.pop_front();
                     self.dropped += 1;
                 }
+                self.shed_past_bound();
                 return Outcome::Quarantined;
             }
         }
@@ -361,6 +385,8 @@ impl ReducerState {
             return Outcome::AlreadyPublished;
         }
         let shard_count = self.cfg.shards as usize;
+        let bytes = summary_bytes(&record.summary);
+        self.held_at_most += bytes;
         let shards = window.pending.entry(end).or_default();
         let shard = summary.shard;
         match shards.get_mut(&shard) {
@@ -376,6 +402,7 @@ impl ReducerState {
                 held.received.insert(record.part);
                 held.record_offset = held.record_offset.min(record_offset);
                 held.sent_ms = held.sent_ms.max(sent_ms);
+                held.bytes += bytes;
                 held.summary.scopes.extend(record.summary.scopes);
             }
             _ => {
@@ -389,6 +416,7 @@ impl ReducerState {
                         parts: record.parts,
                         received: BTreeSet::from([record.part]),
                         sent_ms,
+                        bytes,
                     },
                 );
             }
@@ -398,7 +426,50 @@ impl ReducerState {
             window.pending.pop_first();
             self.dropped += 1;
         }
+        self.shed_past_bound();
         Outcome::Accepted
+    }
+
+    /// Bytes of the summaries held waiting, pending and quarantined, counted now.
+    pub fn held_bytes(&self) -> usize {
+        let pending: usize = self
+            .windows
+            .iter()
+            .flat_map(|w| w.pending.values())
+            .flat_map(|by_shard| by_shard.values())
+            .map(|p| p.bytes)
+            .sum();
+        let quarantined: usize = self.quarantine.iter().map(|(_, _, _, bytes)| bytes).sum();
+        pending + quarantined
+    }
+
+    /// Once what may be held passes the bound, counts it exactly and drops the oldest
+    /// quarantined summaries, then the oldest pending ends, until a quarter of the bound is
+    /// free again (so that the count is not made again at every summary near the bound).
+    fn shed_past_bound(&mut self) {
+        if self.held_at_most <= self.max_held_bytes {
+            return;
+        }
+        let target = self.max_held_bytes - self.max_held_bytes / 4;
+        let mut held = self.held_bytes();
+        while held > target {
+            if let Some((_, _, _, bytes)) = self.quarantine.pop_front() {
+                held -= bytes;
+            } else {
+                let oldest = self
+                    .windows
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(w, window)| window.pending.keys().next().map(|end| (*end, w)))
+                    .min();
+                let Some((_, w)) = oldest else { break };
+                if let Some((_, by_shard)) = self.windows[w].pending.pop_first() {
+                    held -= by_shard.values().map(|p| p.bytes).sum::<usize>();
+                }
+            }
+            self.dropped += 1;
+        }
+        self.held_at_most = held;
     }
 
     /// Whether some window has an end every shard has reported in full: [`Self::publish_ready`]
@@ -541,9 +612,31 @@ impl ReducerState {
             .flat_map(|w| w.pending.values())
             .flat_map(|by_shard| by_shard.values())
             .map(|p| p.record_offset);
-        let quarantined = self.quarantine.iter().map(|(_, offset, _)| *offset);
+        let quarantined = self.quarantine.iter().map(|(_, offset, _, _)| *offset);
         pending.chain(quarantined).fold(next, i64::min)
     }
+}
+
+/// About what a summary (or a part of one) holds in memory: its strings and items.
+fn summary_bytes(summary: &ShardSummary) -> usize {
+    let items: usize = summary
+        .scopes
+        .iter()
+        .map(|scope| {
+            std::mem::size_of::<ScopeItems>()
+                + scope.scope.len()
+                + scope
+                    .items
+                    .iter()
+                    .map(|item| std::mem::size_of::<KeyCount>() + item.key.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    std::mem::size_of::<Pending>()
+        + summary.metric.len()
+        + summary.window.len()
+        + summary.mode.len()
+        + items
 }
 
 /// Shards whose summary for an end has every part.
@@ -804,6 +897,77 @@ mod tests {
         );
         // The publication delay is counted from the last record of the last shard.
         assert_eq!(published[0].summaries_sent_ms, Some(61_500));
+    }
+
+    /// A summary of `keys` keys of about 1 KiB each.
+    fn large(shard: u32, epoch: u64, seq: u64, end: i64, keys: usize) -> SummaryRecord {
+        let names: Vec<String> = (0..keys).map(|k| format!("{k:0>1024}")).collect();
+        let items: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), 1)).collect();
+        record(shard, epoch, seq, end, &items)
+    }
+
+    #[test]
+    fn a_stuck_shard_holds_no_more_than_the_byte_bound() {
+        let bound = 1 << 20;
+        let mut state = ReducerState::new(cfg(), &[None]).with_max_held_bytes(bound);
+        state.set_table(table(1, [1, 1]));
+        // Shard 1 is stuck; shard 0 reports 200 ends of 64 KiB summaries (12.8 MB).
+        for n in 1..=200 {
+            let outcome = state.offer(large(0, 1, n, n as i64 * 60_000, 64), n as i64, None);
+            assert_eq!(outcome, Outcome::Accepted);
+            assert!(state.held_bytes() <= bound, "{} held", state.held_bytes());
+        }
+        assert!(state.dropped() > 0);
+        // Shard 1 comes back at the newest end, which was kept: it is published.
+        let newest = 200 * 60_000;
+        state.offer(record(1, 1, 1, newest, &[("b", 1)]), 201, None);
+        let published = state.publish_ready();
+        assert_eq!(published[0].window_end_ms, newest);
+        assert_eq!(state.held_bytes(), 0);
+    }
+
+    #[test]
+    fn summaries_ahead_of_the_table_hold_no_more_than_the_byte_bound() {
+        let bound = 1 << 20;
+        let mut state = ReducerState::new(cfg(), &[None]).with_max_held_bytes(bound);
+        state.set_table(table(1, [1, 1]));
+        for n in 1..=100 {
+            let outcome = state.offer(large(0, 2, n, n as i64 * 60_000, 64), n as i64, None);
+            assert_eq!(outcome, Outcome::Quarantined);
+            assert!(state.held_bytes() <= bound, "{} held", state.held_bytes());
+        }
+        assert!(state.quarantined() < 100 && state.dropped() > 0);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn what_is_held_never_passes_the_bound_and_the_shortcut_never_underestimates(
+            steps in proptest::collection::vec(
+                (0u32..2, 1u64..4, 1i64..40, 0usize..24, proptest::bool::weighted(0.05)),
+                1..200,
+            ),
+            bound in 4_000usize..200_000,
+        ) {
+            let mut state = ReducerState::new(cfg(), &[None]).with_max_held_bytes(bound);
+            let mut version = 1;
+            state.set_table(table(version, [1, 1]));
+            for (seq, (shard, epoch, end, keys, new_table)) in steps.into_iter().enumerate() {
+                if new_table {
+                    version += 1;
+                    state.set_table(table(version, [epoch, 1]));
+                }
+                let names: Vec<String> = (0..keys).map(|k| format!("key-{k:0>200}")).collect();
+                let items: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), 1)).collect();
+                let summary = record(shard, epoch, seq as u64, end * 60_000, &items);
+                state.offer(summary, seq as i64, None);
+                if seq % 7 == 0 {
+                    state.publish_ready();
+                }
+                let held = state.held_bytes();
+                proptest::prop_assert!(held <= bound, "{held} held, bound {bound}");
+                proptest::prop_assert!(state.held_at_most >= held);
+            }
+        }
     }
 
     #[test]
