@@ -130,12 +130,7 @@ fn setup(env: &TestEnv, ns: &str, counting: &str, windows: &str) -> Setup {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_millis() as i64;
-    let producer = env
-        .kafka_config()
-        .set("partitioner", "murmur2_random")
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
+    let producer = keyed_producer(env);
     Setup {
         input,
         dir,
@@ -144,6 +139,15 @@ fn setup(env: &TestEnv, ns: &str, counting: &str, windows: &str) -> Setup {
         first_hour: now.div_euclid(HOUR) * HOUR - 3 * HOUR,
         producer,
     }
+}
+
+/// An idempotent producer partitioning keys as topk does.
+fn keyed_producer(env: &TestEnv) -> ThreadedProducer<DefaultProducerContext> {
+    env.kafka_config()
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer")
 }
 
 /// Sends `event` to `topic` keyed and timestamped as producers do.
@@ -166,10 +170,15 @@ fn send(producer: &ThreadedProducer<DefaultProducerContext>, topic: &str, event:
 /// Runs `topk recount` for the hour starting at `hour` (its manifest in `dir`'s
 /// termination-log) and waits for it to succeed.
 fn recount(stack: &common::Stack, dir: &std::path::Path, hour: i64) {
+    recount_on(&stack.config, &stack.secrets_args(), dir, hour);
+}
+
+/// [`recount`] on the config file `config`, with the further arguments `extra`.
+fn recount_on(config: &str, extra: &[String], dir: &std::path::Path, hour: i64) {
     let out = common::topk()
-        .args(["recount", "--config", &stack.config])
+        .args(["recount", "--config", config])
         .args(["--hour", &format_rfc3339_ms(hour)])
-        .args(stack.secrets_args())
+        .args(extra)
         .arg("--spill-dir")
         .arg(dir.join("spill"))
         .arg("--termination-log")
@@ -708,4 +717,165 @@ workers: {checkpointInterval: 200ms, idleTimeout: 4h}
     }
     // 65 plays: fourth, below song-8 (91), song-7 (81) and song-6 (71); then 125: first.
     assert_eq!(riser_ranks, [Some(3), Some(0)]);
+}
+
+/// A grade that breaks its bound reaches the operator through the apiserver. The operator
+/// deploys the metric on the real apiserver (its config and assignment ConfigMaps); workers
+/// count from the config it rendered; a reducer runs as its pod does (the API as its control
+/// plane, its ordinal from `POD_NAME`), grades the recounted hour in which `song-0` was
+/// re-delivered (counted again by the streaming path, once by the recount), and writes the
+/// grade to the metric's status; the operator's next reconcile makes the metric `Degraded`
+/// with reason `RankingInaccurate`.
+#[test]
+fn a_grade_past_its_bound_makes_the_metric_degraded_through_the_apiserver() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+    use kube::api::PostParams;
+    use topk_api::TopKMetric;
+    use topk_operator::builders::Settings;
+    use topk_operator::reconcile::{Context, reconcile};
+
+    let Some(env) = TestEnv::get("grading through the apiserver") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let client = runtime.block_on(env.kube_client()).expect("client");
+    runtime
+        .block_on(topk_testenv::install_crd(&client, &topk_api::crd::crd()))
+        .expect("CRD");
+    let ns = runtime
+        .block_on(env.namespace(&client, "grading"))
+        .expect("namespace");
+    let name = unique_name("graded");
+    let input = unique_name("graded-input");
+    runtime.block_on(env.create_topic(&input, SHARDS as i32, &[]));
+    let spec = format!(
+        "shards: {SHARDS}\nk: {K}\n{}\nwindows:\n{}",
+        APPROXIMATE.trim_matches('\n'),
+        LONG_WINDOWS.trim_matches('\n')
+    );
+    let manifest =
+        topk_testenv::metric_manifest(&name, "plays", &env.kafka_bootstrap, &input, &spec);
+    let metric = topk_api::load_manifest(&manifest).expect("manifest");
+    let metrics: Api<TopKMetric> = Api::namespaced(client.clone(), &ns);
+    runtime
+        .block_on(metrics.create(&PostParams::default(), &metric))
+        .expect("create the TopKMetric");
+    let operator = Context::new(client.clone(), Settings::default());
+    let reconcile_once = || {
+        runtime.block_on(async {
+            let metric = metrics.get(&name).await.expect("get the TopKMetric");
+            reconcile(std::sync::Arc::new(metric), operator.clone())
+                .await
+                .expect("reconcile");
+        })
+    };
+    reconcile_once();
+
+    // What the operator wrote is what the data plane runs by.
+    let names = topk_api::names::Names::of(&name);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let data = |configmap: &str, key: &str| -> String {
+        let cm = runtime
+            .block_on(configmaps.get(configmap))
+            .unwrap_or_else(|e| panic!("{configmap}: {e}"));
+        cm.data
+            .and_then(|d| d.get(key).cloned())
+            .unwrap_or_else(|| panic!("{configmap} has no {key}"))
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("metric.json");
+    std::fs::write(&config, data(&names.config, topk_api::CONFIG_KEY)).expect("config");
+    let table_text = data(&names.assignment, topk_api::assignment::ASSIGNMENT_KEY);
+    let table: topk_api::assignment::AssignmentTable =
+        serde_json::from_str(&table_text).expect("the operator's table");
+    let assignment = dir.path().join("assignment.json");
+    std::fs::write(&assignment, &table_text).expect("assignment");
+
+    // One closed hour, two before the current one (its recount grace long past), with
+    // `song-0` delivered 1 + REDELIVERED times at its first play.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let hour = now.div_euclid(HOUR) * HOUR - 2 * HOUR;
+    let producer = keyed_producer(&env);
+    let mut redelivered = false;
+    for event in hour_events(hour, 1) {
+        let copies = if event.2 == "song-0" && !redelivered {
+            redelivered = true;
+            1 + REDELIVERED
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            send(&producer, &input, &event);
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let config_arg = config.to_str().expect("utf-8 path");
+    let mut ordinals: Vec<u32> = table.shards.iter().map(|o| o.worker).collect();
+    ordinals.dedup();
+    let _workers: Vec<common::Process> = ordinals
+        .into_iter()
+        .map(|ordinal| {
+            let state = dir.path().join(format!("worker-{ordinal}"));
+            common::Process(
+                common::topk()
+                    .args(["worker", "--config", config_arg])
+                    .args(["--ordinal", &ordinal.to_string()])
+                    .arg("--assignment-file")
+                    .arg(&assignment)
+                    .arg("--state-dir")
+                    .arg(state)
+                    .args(["--listen", "127.0.0.1:0"])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("start topk worker"),
+            )
+        })
+        .collect();
+    // The reducer as its pod runs it: the table and the deny list from the API, and the
+    // status written there.
+    let _reducer = common::Process(
+        common::topk()
+            .args(["reducer", "--config", config_arg])
+            .arg("--state-dir")
+            .arg(dir.path().join("reducer"))
+            .args(["--listen", "127.0.0.1:0"])
+            .env("KUBECONFIG", &env.kubeconfig)
+            .env("POD_NAME", format!("{}-0", names.reducer))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start topk reducer"),
+    );
+    // The reducer grades the hour once it has both its streaming list and its recount.
+    recount_on(config_arg, &[], dir.path(), hour);
+    let grading = common::await_some("the grade in the metric's status", WAIT, || {
+        runtime.block_on(metrics.get(&name)).ok()?.status?.grading
+    });
+    assert_eq!(grading.hour, format_rfc3339_ms(hour), "{grading:?}");
+    assert!(
+        grading.max_overcount >= REDELIVERED && grading.max_overcount > grading.overcount_bound,
+        "{grading:?}"
+    );
+
+    reconcile_once();
+    let status = runtime
+        .block_on(metrics.get(&name))
+        .expect("get the TopKMetric")
+        .status
+        .expect("status");
+    let degraded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .expect("a Degraded condition");
+    assert_eq!(degraded.status, "True", "{degraded:?}");
+    assert_eq!(degraded.reason, "RankingInaccurate", "{degraded:?}");
+    assert!(
+        degraded.message.contains("beyond the claimed bound"),
+        "{degraded:?}"
+    );
 }
