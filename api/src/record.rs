@@ -22,9 +22,16 @@ pub struct RankingRecord {
     pub items: Vec<RankedItem>,
     pub mode: String,
     /// How much a count in `items` may exceed its true value. Exact mode: 0, the counts of the
-    /// input as read (retried records each counted unless dedupe drops them). Approximate
-    /// mode: the sketch's bound, kept by each count with probability 1 - delta.
+    /// input as read (retried records each counted unless dedupe drops them: see
+    /// `retriesMayCount`). Approximate mode: the sketch's bound, kept by each count with
+    /// probability 1 - delta.
     pub max_overcount: u64,
+    /// Present (true) when an event delivered more than once (a producer's retry) may be
+    /// counted more than once in this list: dedupe is off, or some `event_id`s of the window
+    /// went unremembered at `dedupe.maxIds`. Absent, every retry with its `event_id` was
+    /// dropped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retries_may_count: bool,
     /// Event time up to which input is complete.
     pub watermark: String,
     /// Wall-clock time the list was published.
@@ -96,6 +103,9 @@ pub struct RegionSummary {
     /// Largest amount any listed count exceeds the region's true count by.
     pub max_overcount: u64,
     pub scopes: Vec<RegionScope>,
+    /// Whether a retried event may be counted twice in the region's lists.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retries_may_count: bool,
 }
 
 impl RegionSummary {
@@ -143,6 +153,7 @@ impl RankingRecord {
             items: r.items.clone(),
             mode: r.mode.clone(),
             max_overcount: r.max_overcount,
+            retries_may_count: r.retries_may_count,
             watermark: format_rfc3339_ms(r.watermark_ms),
             as_of: format_rfc3339_ms(p.as_of_ms),
             version: p.version,
@@ -387,6 +398,7 @@ mod tests {
     fn record(scopes: Vec<(String, Vec<(String, u64)>)>) -> SummaryRecord {
         SummaryRecord {
             summary: ShardSummary {
+                retries_may_count: false,
                 metric: "plays".into(),
                 shard: 3,
                 epoch: 2,

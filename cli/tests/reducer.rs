@@ -1194,3 +1194,65 @@ fn now_ms() -> i64 {
         .expect("clock")
         .as_millis() as i64
 }
+
+/// A list says when a retried event may be counted twice in it. Every play is sent twice, the
+/// second a retry with the same `event_id` and time, by a plain producer. Dedupe remembering
+/// every id drops each retry: the lists equal the oracle of the originals and say nothing of
+/// retries. Past `maxIdsPerShard`, ids are counted without being remembered, so some retries
+/// are counted again: the list says `retriesMayCount`.
+#[test]
+fn a_list_says_when_a_retry_may_be_counted_twice() {
+    let Some(env) = TestEnv::get("retries in lists") else {
+        return;
+    };
+    for (max_ids, may_count) in [(100_000, false), (5, true)] {
+        let spec = format!(
+            "shards: {SHARDS}\nk: 10\nallowedLateness: 200ms\nworkers: {{idleTimeout: 1s}}\n\
+             dedupe: {{maxIdsPerShard: {max_ids}}}\n\
+             windows:\n  - {{name: all, allTime: true, bucket: 1s}}\n"
+        );
+        let metric = NewMetric::create(&env, "retries", &spec);
+        let stack = common::Stack::start(metric.dir.path(), &metric.config);
+        let _workers = [stack.worker(0), stack.worker(1)];
+        let producer = producer(&env);
+        let mut originals: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut time = now_ms();
+        for i in 0..200u64 {
+            time += 1;
+            let key = format!("song-{}", i % 13);
+            let payload = serde_json::json!({
+                "event_time": time, "metric": "plays", "key": key, "event_id": format!("play-{i}"),
+            })
+            .to_string();
+            for _ in 0..2 {
+                producer
+                    .send(
+                        BaseRecord::to(&metric.input)
+                            .key(&message_key("plays", "", &key))
+                            .payload(&payload)
+                            .timestamp(time),
+                    )
+                    .expect("enqueue");
+            }
+            *originals.entry((String::new(), key)).or_default() += 1;
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+        let url = format!("{}/v1/rankings/plays?window=all", stack.reducer.base);
+        let want = &oracle(&originals, &[], 10)[""];
+        // Judged once it counts at least every original.
+        let list = common::await_some("the list of every play", WAIT, || {
+            let (status, body) = common::get(&url);
+            let list: Value = serde_json::from_str(&body).ok()?;
+            let counted: u64 = list_items(&list).iter().map(|i| i.1).sum();
+            let at_least: u64 = want.iter().map(|i| i.1).sum();
+            (status == 200 && counted >= at_least).then_some(list)
+        });
+        if may_count {
+            assert_eq!(list["retriesMayCount"], true, "{list}");
+            assert_ne!(&list_items(&list), want, "no retry counted again: {list}");
+        } else {
+            assert_eq!(&list_items(&list), want, "{list}");
+            assert!(list.get("retriesMayCount").is_none(), "{list}");
+        }
+    }
+}

@@ -20,6 +20,8 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_128;
 
+use crate::summary::ShardSummary;
+
 /// Dedupe settings of a metric (`spec.dedupe`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -88,6 +90,12 @@ pub struct Deduper {
     live: usize,
     /// The cutoff `live_times` was last moved to (it only moves forward).
     cutoff: i64,
+    /// The oldest and newest event times of ids counted but not remembered (at the cap): a
+    /// retry of one may have been counted again, in a window over its time or, stamped anew,
+    /// up to the horizon later. Kept for as long as lists over those times are published (an
+    /// all-time list for good). Not part of the counting (a replay counts the same whatever it
+    /// holds), only of what lists say about themselves.
+    unprotected: Option<(i64, i64)>,
 }
 
 /// Remembered ids in a checkpoint: (fingerprint, event time), sorted, live ones only.
@@ -117,6 +125,13 @@ pub fn counted(
     }
 }
 
+/// Marks `summary` as one whose window may count a retried event twice: dedupe is off, or ids
+/// in its range went unremembered at the cap.
+pub fn mark_retries(dedupe: Option<&Deduper>, summary: &mut ShardSummary) {
+    summary.retries_may_count =
+        dedupe.is_none_or(|d| d.may_count_retries(summary.window_start_ms, summary.window_end_ms));
+}
+
 pub fn fingerprint(id: &str) -> u128 {
     xxh3_128(id.as_bytes())
 }
@@ -130,6 +145,7 @@ impl Deduper {
             live_times: BTreeMap::new(),
             live: 0,
             cutoff: i64::MIN,
+            unprotected: None,
         }
     }
 
@@ -171,6 +187,10 @@ impl Deduper {
     pub fn remember(&mut self, print: u128, time_ms: i64, watermark_ms: Option<i64>) -> IdCheck {
         self.expire(watermark_ms);
         if self.live >= self.max_ids {
+            self.unprotected = Some(match self.unprotected {
+                Some((oldest, newest)) => (oldest.min(time_ms), newest.max(time_ms)),
+                None => (time_ms, time_ms),
+            });
             return IdCheck::NotRemembered;
         }
         // Counted is never late, so its time is at or after the cutoff: live.
@@ -190,6 +210,16 @@ impl Deduper {
         self.expire(watermark_ms);
         let cutoff = self.cutoff;
         self.seen.retain(|_, time| *time >= cutoff);
+    }
+
+    /// Whether a retry of an event counted in the window `[start, end)` (no start: all time)
+    /// may have been counted again: an id not remembered at the cap could have its retry there,
+    /// at its own time or, stamped anew, up to the horizon later.
+    pub fn may_count_retries(&self, start_ms: Option<i64>, end_ms: Option<i64>) -> bool {
+        self.unprotected.is_some_and(|(oldest, newest)| {
+            end_ms.is_none_or(|end| oldest < end)
+                && start_ms.is_none_or(|start| newest.saturating_add(self.horizon_ms) >= start)
+        })
     }
 
     /// Ids remembered, live or awaiting a sweep.
@@ -223,9 +253,20 @@ impl Deduper {
         ids
     }
 
-    /// A deduper for `cfg` remembering `ids` (up to `max_ids` of them, the newest kept).
-    pub fn restore(cfg: DedupeConfig, ids: &[(u128, i64)]) -> Self {
+    /// The oldest and newest event times of ids counted but not remembered, for a checkpoint.
+    pub fn unremembered(&self) -> Option<(i64, i64)> {
+        self.unprotected
+    }
+
+    /// A deduper for `cfg` remembering `ids` (up to `max_ids` of them, the newest kept), that
+    /// had left ids of `unremembered` times unremembered.
+    pub fn restore(
+        cfg: DedupeConfig,
+        ids: &[(u128, i64)],
+        unremembered: Option<(i64, i64)>,
+    ) -> Self {
         let mut deduper = Self::new(cfg);
+        deduper.unprotected = unremembered;
         let mut newest_first: Vec<_> = ids.to_vec();
         newest_first.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         newest_first.truncate(deduper.max_ids);
@@ -304,6 +345,39 @@ mod tests {
     }
 
     #[test]
+    fn windows_that_may_count_a_retry_of_an_id_not_remembered_are_named() {
+        let mut d = deduper(500, 1);
+        assert_eq!(count(&mut d, Some("a"), 1_000, None), IdCheck::First);
+        // Nothing was left unremembered: no window may count a retry.
+        assert!(!d.may_count_retries(None, None));
+        assert_eq!(
+            count(&mut d, Some("b"), 3_000, Some(0)),
+            IdCheck::NotRemembered
+        );
+        // A retry of "b" lands at 3000 or, stamped anew, up to the horizon (500) later.
+        assert!(d.may_count_retries(Some(2_000), Some(4_000)));
+        assert!(d.may_count_retries(Some(3_400), Some(4_000)));
+        assert!(!d.may_count_retries(Some(3_501), Some(5_000)));
+        assert!(!d.may_count_retries(Some(0), Some(3_000)));
+        assert!(d.may_count_retries(None, Some(3_001)));
+        // Lists over its time say so for as long as they are published (all-time: for good).
+        d.sweep(Some(10_000));
+        assert!(d.may_count_retries(None, Some(10_000)));
+        assert!(!d.may_count_retries(Some(5_000), Some(10_000)));
+        // A checkpoint keeps it.
+        let restored = Deduper::restore(
+            DedupeConfig {
+                horizon_ms: 500,
+                max_ids: 1,
+            },
+            &d.snapshot(Some(10_000)),
+            d.unremembered(),
+        );
+        assert!(restored.may_count_retries(Some(2_000), Some(4_000)));
+        assert!(!restored.may_count_retries(Some(5_000), Some(10_000)));
+    }
+
+    #[test]
     fn ids_the_watermark_passed_never_hold_more_than_an_eighth_of_the_cap() {
         let mut d = deduper(0, 64);
         for i in 0..10_000i64 {
@@ -326,8 +400,11 @@ mod tests {
         }
         let snap = d.snapshot(Some(1_500));
         assert_eq!(snap.len(), 2, "id1 is past the watermark");
-        assert_eq!(snap, Deduper::restore(cfg, &snap).snapshot(Some(1_500)));
-        let mut restored = Deduper::restore(cfg, &snap);
+        assert_eq!(
+            snap,
+            Deduper::restore(cfg, &snap, None).snapshot(Some(1_500))
+        );
+        let mut restored = Deduper::restore(cfg, &snap, None);
         for id in ["id1", "id2", "id3"] {
             assert_eq!(
                 restored.lookup(Some(id), Some(1_500)),
@@ -341,6 +418,7 @@ mod tests {
                 max_ids: 1,
             },
             &snap,
+            None,
         );
         assert_eq!(small.lookup(Some("id3"), Some(1_500)), Lookup::Duplicate);
         assert!(matches!(

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::config::EngineConfig;
-use crate::dedupe::{Deduper, IdCheck, Lookup, counted, look_up};
+use crate::dedupe::{Deduper, IdCheck, Lookup, counted, look_up, mark_retries};
 use crate::error::EngineError;
 use crate::event::{Event, EventParser, RejectReason};
 use crate::partition::shard_for;
@@ -288,12 +288,15 @@ impl Pipeline {
         now_ms: i64,
         out: &mut Vec<Published>,
     ) {
+        let dedupe = self.dedupe.as_ref();
         let summaries: Vec<_> = self
             .shards
             .iter_mut()
             .map(|shard| {
                 shard.advance_window(w, close_at);
-                shard.summary(w, watermark)
+                let mut summary = shard.summary(w, watermark);
+                mark_retries(dedupe, &mut summary);
+                summary
             })
             .collect();
         self.publish_merged(&summaries, w, None, now_ms, out);
@@ -301,7 +304,11 @@ impl Pipeline {
             let trending: Vec<_> = self
                 .shards
                 .iter_mut()
-                .map(|shard| shard.trending_summary(&trend, watermark))
+                .map(|shard| {
+                    let mut summary = shard.trending_summary(&trend, watermark);
+                    mark_retries(self.dedupe.as_ref(), &mut summary);
+                    summary
+                })
                 .collect();
             let list = self.cfg.windows.len();
             self.publish_merged(&trending, list, Some(&trend), now_ms, out);

@@ -443,6 +443,8 @@ impl ShardCounter {
             max_overcount,
             total,
             scopes,
+            // Dedupe is the stream's: it says so when it publishes the summary.
+            retries_may_count: false,
         }
     }
 

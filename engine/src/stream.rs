@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::EngineConfig;
-use crate::dedupe::{Deduper, IdCheck, Lookup, SeenIds, counted, look_up};
+use crate::dedupe::{Deduper, IdCheck, Lookup, SeenIds, counted, look_up, mark_retries};
 use crate::error::EngineError;
 use crate::event::{Event, RejectReason};
 use crate::partition::shard_for;
@@ -50,6 +50,35 @@ pub struct StreamSnapshot {
     pub accepted: u64,
     /// The `event_id`s remembered by dedupe (empty when it is off).
     pub seen_ids: SeenIds,
+    /// The oldest and newest event times of ids dedupe counted but could not remember (at its
+    /// cap): the lists over them say a retry may be counted twice.
+    pub unremembered_ids: Option<(i64, i64)>,
+}
+
+/// A [`StreamSnapshot`] as stored before it kept the unremembered ids' times: older
+/// checkpoints are still read (as if every id had been remembered).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamSnapshotWithoutUnremembered {
+    pub counter: ShardSnapshot,
+    pub max_event_ms: Option<i64>,
+    pub watermark_floor: Option<i64>,
+    pub published_end: Vec<Option<i64>>,
+    pub accepted: u64,
+    pub seen_ids: SeenIds,
+}
+
+impl From<StreamSnapshotWithoutUnremembered> for StreamSnapshot {
+    fn from(old: StreamSnapshotWithoutUnremembered) -> Self {
+        Self {
+            counter: old.counter,
+            max_event_ms: old.max_event_ms,
+            watermark_floor: old.watermark_floor,
+            published_end: old.published_end,
+            accepted: old.accepted,
+            seen_ids: old.seen_ids,
+            unremembered_ids: None,
+        }
+    }
 }
 
 /// A [`StreamSnapshot`] as stored before dedupe existed: older checkpoints are still read.
@@ -71,6 +100,7 @@ impl From<StreamSnapshotWithoutIds> for StreamSnapshot {
             published_end: old.published_end,
             accepted: old.accepted,
             seen_ids: SeenIds::new(),
+            unremembered_ids: None,
         }
     }
 }
@@ -104,7 +134,9 @@ impl ShardStream {
             next_publish_ms: i64::MIN,
             accepted: snap.accepted,
             // Dedupe turned on over an older state starts with no ids; turned off, drops them.
-            dedupe: cfg.dedupe.map(|d| Deduper::restore(d, &snap.seen_ids)),
+            dedupe: cfg
+                .dedupe
+                .map(|d| Deduper::restore(d, &snap.seen_ids, snap.unremembered_ids)),
             trend: cfg.trend(),
             publish_order: cfg.publish_order(),
             cfg: cfg.clone(),
@@ -123,6 +155,7 @@ impl ShardStream {
                 .as_ref()
                 .map(|d| d.snapshot(self.watermark_ms()))
                 .unwrap_or_default(),
+            unremembered_ids: self.dedupe.as_ref().and_then(Deduper::unremembered),
         }
     }
 
@@ -286,9 +319,13 @@ impl ShardStream {
             while end <= boundary {
                 self.counter.advance_window(w, end);
                 let stamped = if end == boundary { watermark } else { end };
-                out.push(self.counter.summary(w, stamped));
+                let mut summary = self.counter.summary(w, stamped);
+                mark_retries(self.dedupe.as_ref(), &mut summary);
+                out.push(summary);
                 if let Some(trend) = self.trend.as_ref().filter(|t| t.window == w) {
-                    out.push(self.counter.trending_summary(trend, stamped));
+                    let mut summary = self.counter.trending_summary(trend, stamped);
+                    mark_retries(self.dedupe.as_ref(), &mut summary);
+                    out.push(summary);
                 }
                 self.published_end[w] = Some(end);
                 end = end.saturating_add(cfg.bucket_ms);

@@ -76,6 +76,10 @@ pub struct ShardSummary {
     pub total: u64,
     /// Per scope, the heaviest keys, ordered by count descending then key ascending.
     pub scopes: Vec<ScopeItems>,
+    /// Whether an event re-delivered in this window (a producer's retry) may have been counted
+    /// again: dedupe is off, or ids went unremembered at its cap.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retries_may_count: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +108,9 @@ pub struct Ranking {
     pub mode: String,
     pub max_overcount: u64,
     pub watermark_ms: i64,
+    /// Whether a retried event may be counted twice in it (see [`ShardSummary`]'s).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retries_may_count: bool,
 }
 
 /// The order of every list: count descending, then key ascending.
@@ -187,6 +194,7 @@ pub fn merge_known(
         .min()
         .unwrap_or(i64::MIN);
     let max_overcount = summaries.iter().map(|s| s.max_overcount).max().unwrap_or(0);
+    let retries_may_count = summaries.iter().any(|s| s.retries_may_count);
     let mut counts: FxHashMap<&str, (u64, Option<u64>)> = FxHashMap::default();
     let rankings: Vec<Ranking> = lists
         .into_iter()
@@ -228,6 +236,7 @@ pub fn merge_known(
                 mode: first.mode.clone(),
                 max_overcount,
                 watermark_ms,
+                retries_may_count,
             }
         })
         .collect();
@@ -291,6 +300,7 @@ mod tests {
             max_overcount: over,
             total: items.iter().map(|i| i.2).sum(),
             scopes,
+            retries_may_count: false,
         }
     }
 

@@ -188,7 +188,16 @@ proptest! {
             &mut with_retries.iter().map(|(_, e)| *e),
         );
         prop_assert_eq!(duplicates, with_retries.len() - originals.len());
-        prop_assert_eq!(got, want);
+        // Dedupe remembered every id: none of its lists may count a retry; without it, any may.
+        prop_assert!(got.iter().all(|s| !s.retries_may_count));
+        prop_assert!(want.iter().all(|s| s.retries_may_count));
+        let unmarked = |summaries: Vec<ShardSummary>| -> Vec<ShardSummary> {
+            summaries
+                .into_iter()
+                .map(|s| ShardSummary { retries_may_count: false, ..s })
+                .collect()
+        };
+        prop_assert_eq!(unmarked(got), unmarked(want));
     }
 }
 
@@ -218,4 +227,55 @@ fn a_misrouted_event_is_wrong_shard_even_when_its_id_was_counted() {
         Err(RejectReason::WrongShard)
     );
     assert_eq!(stream.accepted(), 1);
+}
+
+/// The summaries of a stream fed `events`, restored from its snapshot after the first `cut`.
+fn flags(dedupe: Option<DedupeConfig>, events: &[Line], cut: usize) -> Vec<(String, i64, bool)> {
+    let cfg = config(Mode::Exact, 0, dedupe);
+    let mut stream = ShardStream::new(&cfg, 0);
+    let mut out = Vec::new();
+    for (i, &(time, key, id)) in events.iter().enumerate() {
+        if i == cut {
+            stream = ShardStream::restore(&cfg, &roundtrip(&stream.snapshot())).expect("restore");
+        }
+        let _ = stream.ingest(&event(time, key, id), NOW, &mut out);
+    }
+    out.iter()
+        .map(|s| {
+            let end = s.window_end_ms.expect("end");
+            (s.window.clone(), end, s.retries_may_count)
+        })
+        .collect()
+}
+
+#[test]
+fn lists_say_when_a_retry_may_be_counted_twice_also_after_a_restore() {
+    // Three ids at 5 under a cap of two: the third is counted, not remembered; then one more
+    // id at 100 moves the watermark and publishes every end up to it.
+    let events = [
+        (5, 0, Some(1)),
+        (5, 1, Some(2)),
+        (5, 2, Some(3)),
+        (100, 3, Some(4)),
+    ];
+    let capped = DedupeConfig {
+        horizon_ms: 0,
+        max_ids: 2,
+    };
+    for cut in [0, 3] {
+        for (window, end, flagged) in flags(Some(capped), &events, cut) {
+            // A list over 5 may count a retry of id 3: the short window [end - 40, end) up to
+            // end 45, the all-time list for good.
+            let covers = end > 5 && (window == "all" || end <= 45);
+            assert_eq!(flagged, covers, "{window} at {end}, restored after {cut}");
+        }
+    }
+    // Every id remembered: no list may count a retry; without dedupe, every list may.
+    let roomy = DedupeConfig {
+        horizon_ms: 0,
+        max_ids: 10,
+    };
+    assert!(flags(Some(roomy), &events, 0).iter().all(|f| !f.2));
+    let off = flags(None, &events, 0);
+    assert!(!off.is_empty() && off.iter().all(|f| f.2));
 }

@@ -33,6 +33,7 @@ const QUERY: &str = "?window=1h&k=100";
 fn list() -> RankingRecord {
     let at = 1_796_000_000_000;
     RankingRecord {
+        retries_may_count: false,
         metric: "api_requests".into(),
         scope: String::new(),
         window: "1h".into(),

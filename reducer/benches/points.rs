@@ -176,6 +176,7 @@ fn main() {
     ));
     let at = now_ms();
     served.put([RankingRecord {
+        retries_may_count: false,
         metric: "bench".into(),
         scope: String::new(),
         window: "1h".into(),

@@ -415,6 +415,7 @@ mod tests {
     #[test]
     fn a_long_list_adds_exact_hours_and_open_estimates() {
         let streaming = vec![Ranking {
+            retries_may_count: false,
             metric: "m".into(),
             scope: String::new(),
             window: "24h".into(),
@@ -551,6 +552,7 @@ mod tests {
                 }
             }
             let streaming = vec![Ranking {
+                retries_may_count: false,
                 metric: "m".into(),
                 scope: String::new(),
                 window: "all".into(),

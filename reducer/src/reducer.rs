@@ -695,6 +695,7 @@ impl Reducer {
                     items: ranking.items.clone(),
                     mode: ranking.mode.clone(),
                     max_overcount: ranking.max_overcount,
+                    retries_may_count: ranking.retries_may_count,
                     watermark: format_rfc3339_ms(ranking.watermark_ms),
                     as_of: as_of.clone(),
                     version: self.next_version(&ranking.window, &ranking.scope)?,
@@ -1065,6 +1066,7 @@ fn region_summary(
             .unwrap_or(i64::MIN),
         mode: first.map_or_else(|| "exact".to_owned(), |r| r.mode.clone()),
         max_overcount: rankings.iter().map(|r| r.max_overcount).max().unwrap_or(0),
+        retries_may_count: rankings.iter().any(|r| r.retries_may_count),
         scopes: rankings
             .iter()
             .map(|r| RegionScope {

@@ -393,6 +393,7 @@ pub fn merge_regions(
             },
             max_overcount,
             watermark_ms: watermark_ms.unwrap_or(i64::MIN),
+            retries_may_count: summaries.iter().any(|s| s.retries_may_count),
         });
     }
     *known = (out.iter())
@@ -425,6 +426,7 @@ mod tests {
 
     fn summary(region: &str, epoch: u64, end: i64, items: &[(&str, u64)]) -> RegionSummary {
         RegionSummary {
+            retries_may_count: false,
             metric: "requests".into(),
             region: region.into(),
             epoch,

@@ -765,6 +765,7 @@ mod tests {
     fn record(shard: u32, epoch: u64, seq: u64, end: i64, items: &[(&str, u64)]) -> SummaryRecord {
         SummaryRecord {
             summary: ShardSummary {
+                retries_may_count: false,
                 metric: "m".into(),
                 shard,
                 epoch,

@@ -43,6 +43,7 @@ fn table(version: u64, epochs: [u64; 2]) -> AssignmentTable {
 fn summary(shard: u32, epoch: u64, end: i64, items: &[(&str, u64)]) -> SummaryRecord {
     SummaryRecord {
         summary: ShardSummary {
+            retries_may_count: false,
             metric: "plays".into(),
             shard,
             epoch,

@@ -92,6 +92,7 @@ impl Drop for Running {
 fn summary(config: &DataPlaneConfig, end: i64, items: &[(&str, u64)]) -> SummaryRecord {
     SummaryRecord {
         summary: ShardSummary {
+            retries_may_count: false,
             metric: "plays".into(),
             shard: 0,
             epoch: 1,

@@ -14,6 +14,7 @@ const NOW: i64 = 1_790_000_000_000;
 
 fn list(window: &str, scope: &str, keys: usize) -> RankingRecord {
     RankingRecord {
+        retries_may_count: false,
         metric: "plays".into(),
         scope: scope.into(),
         window: window.into(),

@@ -11,6 +11,7 @@ use topk_reducer::store::{Meta, RankingStore, Retention};
 
 fn record(window: &str, scope: &str, version: u64, as_of_ms: i64, leader: &str) -> RankingRecord {
     RankingRecord {
+        retries_may_count: false,
         metric: "plays".into(),
         scope: scope.into(),
         window: window.into(),

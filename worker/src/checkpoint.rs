@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{DB, Options, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
-use topk_engine::stream::{ShardStream, StreamSnapshot, StreamSnapshotWithoutIds};
+use topk_engine::stream::{
+    ShardStream, StreamSnapshot, StreamSnapshotWithoutIds, StreamSnapshotWithoutUnremembered,
+};
 use topk_runtime::store::open_rebuildable;
 
 use crate::error::Error;
@@ -66,11 +68,25 @@ impl ShardCopy {
 }
 
 /// Leading byte of every stored value, so that a future layout is recognised.
-const VALUE_FORMAT: u8 = 3;
+const VALUE_FORMAT: u8 = 4;
+/// The layout before the stream kept dedupe's unremembered ids' times, still read after an
+/// upgrade (as a state whose every id was remembered).
+const VALUE_FORMAT_WITHOUT_UNREMEMBERED: u8 = 3;
 /// The layout before dedupe (no remembered ids in the stream), still read after an upgrade.
 const VALUE_FORMAT_WITHOUT_SEEN_IDS: u8 = 2;
 /// The layout before [`Checkpoint::input_topic_id`], still read after an upgrade.
 const VALUE_FORMAT_WITHOUT_TOPIC_ID: u8 = 1;
+
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct CheckpointWithoutUnremembered {
+    shard: u32,
+    epoch: u64,
+    next_offset: i64,
+    stream: StreamSnapshotWithoutUnremembered,
+    outbox: Vec<Vec<u8>>,
+    input_topic_id: Option<String>,
+}
 
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(Serialize))]
@@ -91,6 +107,19 @@ struct CheckpointWithoutTopicId {
     next_offset: i64,
     stream: StreamSnapshotWithoutIds,
     outbox: Vec<Vec<u8>>,
+}
+
+impl From<CheckpointWithoutUnremembered> for Checkpoint {
+    fn from(old: CheckpointWithoutUnremembered) -> Self {
+        Self {
+            shard: old.shard,
+            epoch: old.epoch,
+            next_offset: old.next_offset,
+            stream: old.stream.into(),
+            outbox: old.outbox,
+            input_topic_id: old.input_topic_id,
+        }
+    }
 }
 
 impl From<CheckpointWithoutSeenIds> for Checkpoint {
@@ -147,6 +176,9 @@ impl Checkpoint {
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         match bytes.split_first() {
             Some((&VALUE_FORMAT, body)) => decode_as::<Checkpoint>(body),
+            Some((&VALUE_FORMAT_WITHOUT_UNREMEMBERED, body)) => {
+                decode_as::<CheckpointWithoutUnremembered>(body)
+            }
             Some((&VALUE_FORMAT_WITHOUT_SEEN_IDS, body)) => {
                 decode_as::<CheckpointWithoutSeenIds>(body)
             }
@@ -314,6 +346,28 @@ mod tests {
             input_topic_id: Some("a-topic-id".into()),
         };
         assert_eq!(Checkpoint::decode(&cp.encode().unwrap()).unwrap(), cp);
+
+        let mut before_unremembered = vec![VALUE_FORMAT_WITHOUT_UNREMEMBERED];
+        postcard::to_io(
+            &CheckpointWithoutUnremembered {
+                shard: cp.shard,
+                epoch: cp.epoch,
+                next_offset: cp.next_offset,
+                stream: StreamSnapshotWithoutUnremembered {
+                    counter: cp.stream.counter.clone(),
+                    max_event_ms: cp.stream.max_event_ms,
+                    watermark_floor: cp.stream.watermark_floor,
+                    published_end: cp.stream.published_end.clone(),
+                    accepted: cp.stream.accepted,
+                    seen_ids: cp.stream.seen_ids.clone(),
+                },
+                outbox: cp.outbox.clone(),
+                input_topic_id: cp.input_topic_id.clone(),
+            },
+            &mut before_unremembered,
+        )
+        .unwrap();
+        assert_eq!(Checkpoint::decode(&before_unremembered).unwrap(), cp);
 
         let mut before_ids = vec![VALUE_FORMAT_WITHOUT_SEEN_IDS];
         postcard::to_io(
