@@ -1,6 +1,9 @@
 //! The generated CRD against the real kube-apiserver: installs, accepts the documented
 //! manifest, and its CEL rules reject bad specs with messages that say what to change.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use kube::Api;

@@ -6,6 +6,9 @@
 //! workers' reasons, the viral key arrives as a few sums instead of its events, and a worker
 //! counting the partials, SIGKILLed at random points too, publishes the oracle's counts.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,9 @@
 //! `topk demo` starts without any input, counts the ten minutes before it first, publishes
 //! lists (a trending one too), answers point counts and prints the changing top 5.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::{BufRead, BufReader};

@@ -8,6 +8,9 @@
 //! hour with re-delivered events (same `event_id`, counted twice by the streaming path, once
 //! by the recount) shows the known over-count, recall and rank displacement.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

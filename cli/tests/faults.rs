@@ -4,6 +4,9 @@
 //! far in the future cannot stop a metric; a metric switched to a mirror of its input counts
 //! nothing twice.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -2,6 +2,9 @@
 //! the partition topk's partitioner gives that key, stamped with their event time; bad lines
 //! are skipped and counted; with a `--producer-config` it speaks SASL_SSL.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeSet;

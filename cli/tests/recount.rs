@@ -3,6 +3,9 @@
 //! around it and after the grace are not, bad events are counted by reason, counts spilled to
 //! disk add up, and a rerun replaces the hour with the same result.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,9 @@
 //! same; point counts through the reducer equal the oracle for every key; a planted riser
 //! tops the trending list.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

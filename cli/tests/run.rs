@@ -1,5 +1,8 @@
 //! `topk run` end to end: real process, real files, real HTTP on loopback.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::Write;

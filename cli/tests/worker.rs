@@ -6,6 +6,9 @@
 //! ConfigMap keeps exact counts while its old owner stops publishing it; and a transactional
 //! input's markers are not reported as lag.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::metric;

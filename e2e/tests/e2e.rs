@@ -6,6 +6,9 @@
 //! that fails prints the pods, events and logs of what it touched, one that passes deletes
 //! its namespace.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::{Command, Stdio};

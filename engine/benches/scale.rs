@@ -9,6 +9,9 @@
 //! keys). Events are Zipf (s = 1.0) over the keys, each key in one scope, spread over two
 //! minutes of event time: one 5-minute window of 10 s buckets publishes 12 times.
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::hint::black_box;
 use std::time::Instant;
 

@@ -15,6 +15,9 @@
 //! class (`ZIPF_PAIRS` rounds, 5 by default, the order alternating): the ratio of two
 //! contenders does not pass through the map loop, whose speed moves the most between runs.
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;

@@ -3,6 +3,9 @@
 //! stream of originals with their retries publishes exactly what the originals alone publish,
 //! in both modes.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::borrow::Cow;
 
 use proptest::prelude::*;

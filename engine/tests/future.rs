@@ -3,6 +3,9 @@
 //! no watermark passes the clock plus `maxFutureSkew` minus the allowed lateness, and honest
 //! records are judged by their own timestamp, so a replay decides as the first run did.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::borrow::Cow;
 
 use proptest::prelude::*;

@@ -1,6 +1,9 @@
 //! Property tests of the whole pipeline against a brute-force oracle: every accepted event
 //! kept in a list, every window recounted from scratch.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;

@@ -4,6 +4,9 @@
 //! in are rejected without a trace, restored or not. A batch counted with every key looked
 //! ahead first ends in the same state as one counted an event at a time.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::borrow::Cow;
 
 use proptest::prelude::*;

@@ -1,6 +1,9 @@
 //! Every committed corpus input (`fuzz/corpus/TARGET/*`) through its target, on stable: what
 //! the fuzzer found once stays found, and the seeds stay valid examples.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 
 #[test]

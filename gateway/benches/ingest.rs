@@ -7,6 +7,9 @@
 //! the events per request (default 500) and `INGEST_BENCH_CLIENTS` the concurrent HTTP
 //! clients (default 4).
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};

@@ -3,6 +3,9 @@
 //! limits, 429 with Retry-After when the producer's queue is full, and no accepted event lost
 //! when the broker is killed and restarted under load.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 

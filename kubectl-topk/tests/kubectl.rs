@@ -5,6 +5,9 @@
 //! TopKMetric (checked by impersonation) and a reducer acts on it once; `count` reads point
 //! counts the same way.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 use std::time::Duration;
 

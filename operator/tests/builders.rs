@@ -1,5 +1,8 @@
 //! The desired objects of a TopKMetric, built from a YAML fixture without any cluster.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use topk_api::assignment::planner::plan;
 use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, load_manifest};
 use topk_operator::builders::{

@@ -4,6 +4,9 @@
 //! nothing, and its RBAC is enough for a whole reconcile as the operator's ServiceAccount
 //! (impersonated) while refusing what the operator does not need.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

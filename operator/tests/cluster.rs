@@ -1,6 +1,9 @@
 //! The operator against the real kube-apiserver and kube-controller-manager: owned objects,
 //! status, rescale ordering with epoch bumps, no writes when settled, cleanup on deletion.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! The reconcile's decision on YAML fixtures of what it observed: no apiserver, no Kafka.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

@@ -2,6 +2,9 @@
 //! injected clock so that hours pass in seconds: the hourly recount Jobs, the deadline of a
 //! stuck rescale, and the assignment table's write precondition.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;

@@ -5,6 +5,9 @@
 //! As topk needs them: created with their settings, and a topic found otherwise (made by hand
 //! or by a broker that creates topics on first use) makes the metric `Degraded` until fixed.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 mod common;

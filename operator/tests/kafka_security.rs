@@ -6,6 +6,9 @@
 //! on the rendered objects: Secret references in the config, never a secret, and the keys
 //! projected where the data plane reads them, and a rotated Secret rolls the pods.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -2,6 +2,9 @@
 //! other takes over when the holder stops; a leader whose renewals hang stops acting before a
 //! follower takes over; a leader stopped with SIGTERM hands the lease over at once.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::{Child, Command, Stdio};

@@ -9,6 +9,9 @@
 //! tenth of the ids (the rest written to, and looked up in, the scratch store), and from events
 //! without one.
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use topk_api::topics::TopicNames;

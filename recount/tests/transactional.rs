@@ -3,6 +3,9 @@
 //! consumer never receives as a message, and aborted events sit in the range unread. The
 //! recount must still reach the end of every partition, counting the committed events only.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

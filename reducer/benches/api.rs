@@ -11,6 +11,9 @@
 //!    a fixed schedule (a request due while the previous one is out waits for it); latency is
 //!    from sending a request to reading its whole answer, p50 and p99.
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

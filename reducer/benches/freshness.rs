@@ -11,6 +11,9 @@
 //! `FRESHNESS_BENCH_SECONDS` its length (default 60: one window end per second),
 //! `FRESHNESS_BENCH_CHECKPOINT_SECONDS` the worker's checkpoint interval (default 5, as deployed).
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

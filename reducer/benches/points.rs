@@ -10,6 +10,9 @@
 //! p50 and p99 from sending a request to reading its whole answer. "While counting" rows run
 //! while a producer feeds the worker a steady stream, so the answers wait for its batches.
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

@@ -5,6 +5,9 @@
 //! reducer serves its last lists at once and continues the version numbers; a rollback request moves a
 //! list back; bad requests get clear errors.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

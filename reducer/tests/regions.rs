@@ -3,6 +3,9 @@
 //! to a global metric's reducer, which adds them up. Stopping one region marks it missing in
 //! the global list within one wait; once it is back the next list is complete again.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

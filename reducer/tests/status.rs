@@ -2,6 +2,9 @@
 //! by server-side apply under the reducer's field manager, it shows the leaders, and it
 //! coexists with the operator's merge-patched status fields in both directions.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use topk_api::{RankingRecord, TopKMetric};

@@ -2,6 +2,9 @@
 //! between writing versions and moving pointers leaves them on the old ones, rollback moves a
 //! pointer back, and retention keeps the served and newest versions.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 
 use topk_api::RankingRecord;

@@ -2,6 +2,9 @@
 //! with its manifest after every chunk; a write whose chunk the broker does not take sends no
 //! manifest at all.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, ThreadedProducer};

@@ -2,6 +2,9 @@
 //! comes back once, in order per partition, with its payload (empty ones too); consumer
 //! errors come back as messages; librdkafka's error logs are drained and counted.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

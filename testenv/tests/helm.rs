@@ -1,5 +1,8 @@
 //! Helm, built from its module, against the test environment's apiserver.
 
+// Test support: a failed unwrap fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 use std::time::Duration;
 

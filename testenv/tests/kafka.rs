@@ -1,6 +1,9 @@
 //! The real Kafka broker of the test environment: everything the worker, reducer and recount
 //! rely on.
 
+// Test support: a failed unwrap fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};

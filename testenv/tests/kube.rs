@@ -1,5 +1,8 @@
 //! The real kube-apiserver (with etcd) and kube-controller-manager of the test environment.
 
+// Test support: a failed unwrap fails the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};

@@ -7,6 +7,9 @@
 //! Zipf-like head, three scopes), measured at 10, 30 and 60 seconds of event time.
 //! `CHECKPOINT_BENCH_RATE` sets the events a second.
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Instant;
 
 use topk_engine::event::Event;

@@ -23,6 +23,9 @@
 //! summaries topic; Kafka Streams: its committed output, once equal to topk's lists); CPU time
 //! is counted from each one's start.
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -6,6 +6,9 @@
 //! seconds of counting, so that start-up effects such as the first touch of fetch buffers and
 //! table growth weigh little and the worker checkpoints at least once while it is timed).
 
+// Bench code: a failed unwrap stops the bench.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use topk_testenv::{TestEnv, unique_name};

@@ -2,6 +2,9 @@
 //! publishing (a zombie), and a publication cut short after its chunks, never replace the
 //! newest epoch's complete snapshot; replaced snapshots' chunks are deleted.
 
+// Test code: a failed unwrap is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 
 use rdkafka::message::{Header, OwnedHeaders};
