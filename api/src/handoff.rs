@@ -7,7 +7,9 @@
 //! and completed by a manifest under key `N@EPOCH`, written last. A publication cut short
 //! never touches the snapshot in force (its chunks are under another id), and an owner of an
 //! older epoch, still running after the shard moved, writes only its own epoch's manifest: a
-//! reader takes the newest epoch's complete snapshot.
+//! reader takes the newest epoch's complete snapshot. An owner's first manifest makes every
+//! older epoch's record unreachable, so it deletes them ([`SnapshotRecords::older_than`]) and
+//! compaction keeps one snapshot per shard, however often the shard moves.
 
 use std::collections::HashMap;
 
@@ -27,6 +29,11 @@ pub struct SnapshotManifest {
     /// Written by an owner letting the shard go: its last state under that epoch.
     #[serde(default)]
     pub released: bool,
+}
+
+/// A publication's snapshot id: unique (the time it was written, in µs), led by its epoch.
+pub fn snapshot_id(epoch: u64, next_offset: i64, written_us: u128) -> String {
+    format!("{epoch}-{next_offset}-{written_us:x}")
 }
 
 pub fn chunk_key(shard: u32, id: &str, chunk: usize) -> String {
@@ -63,6 +70,37 @@ impl SnapshotRecords {
                 self.latest.remove(key);
             }
         }
+    }
+
+    /// Every live record: key, snapshot id header, payload.
+    pub fn live(&self) -> impl Iterator<Item = (&[u8], &Option<String>, &[u8])> {
+        self.latest
+            .iter()
+            .map(|(key, (id, payload))| (key.as_slice(), id, payload.as_slice()))
+    }
+
+    /// The live keys of `shard`'s records of an epoch below `epoch`: manifests, and chunks
+    /// (whose snapshot id leads with its epoch). Once a manifest of `epoch` is on the topic,
+    /// no reader takes any of them.
+    pub fn older_than(&self, shard: u32, epoch: u64) -> Vec<Vec<u8>> {
+        let manifest_prefix = format!("{shard}@");
+        let chunk_prefix = format!("{shard}/");
+        let epoch_of = |key: &[u8]| -> Option<u64> {
+            let key = std::str::from_utf8(key).ok()?;
+            if let Some(rest) = key.strip_prefix(&manifest_prefix) {
+                return rest.parse().ok();
+            }
+            let id = key.strip_prefix(&chunk_prefix)?;
+            id.split_once('-')?.0.parse().ok()
+        };
+        let mut keys: Vec<Vec<u8>> = self
+            .latest
+            .keys()
+            .filter(|key| epoch_of(key).is_some_and(|e| e < epoch))
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
     }
 
     /// The newest epoch's snapshot of `shard` whose manifest names chunks that are all there
@@ -213,5 +251,34 @@ mod tests {
         // Garbage under a manifest key is passed over too.
         records.record(manifest_key(0, 7).as_bytes(), None, Some(b"{not json"));
         assert_eq!(newest(&records).as_deref(), Some("old"));
+    }
+
+    #[test]
+    fn older_epochs_records_are_the_ones_below_the_readers_epoch() {
+        let mut records = SnapshotRecords::default();
+        publish(&mut records, &snapshot_id(1, 10, 0xa), 1, &["a", "b"]);
+        publish(&mut records, &snapshot_id(12, 20, 0xb), 12, &["c"]);
+        publish(&mut records, &snapshot_id(2, 30, 0xc), 2, &["d"]);
+        // Another shard's, and keys that name no epoch, are never this shard's to delete.
+        records.record(b"1@1", None, Some(b"{}"));
+        records.record(b"1/1-0-0/0", Some("1-0-0".into()), Some(b"x"));
+        records.record(b"0/garbage/0", None, Some(b"x"));
+        let keys = |records: &SnapshotRecords, epoch| -> Vec<String> {
+            records
+                .older_than(0, epoch)
+                .into_iter()
+                .map(|k| String::from_utf8(k).unwrap())
+                .collect()
+        };
+        assert!(keys(&records, 1).is_empty());
+        assert_eq!(keys(&records, 2), ["0/1-10-a/0", "0/1-10-a/1", "0@1"]);
+        assert_eq!(
+            keys(&records, 12),
+            ["0/1-10-a/0", "0/1-10-a/1", "0/2-30-c/0", "0@1", "0@2"]
+        );
+        assert_eq!(keys(&records, 13).len(), 7);
+        // A deleted record is not deleted again.
+        records.record(b"0@1", None, None);
+        assert_eq!(keys(&records, 2), ["0/1-10-a/0", "0/1-10-a/1"]);
     }
 }

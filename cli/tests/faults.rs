@@ -345,7 +345,7 @@ fn a_shard_whose_handoff_snapshot_cannot_be_read_waits_for_it_and_loses_nothing(
     let topics = topk_api::topics::TopicNames::of(NS, &name);
     let reader = topk_testenv::reading_consumer(&internal.config(), "handoff");
     common::await_some("a snapshot of all of shard 0's input", WAIT, || {
-        topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0)
+        topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0, 0)
             .ok()
             .flatten()
             .filter(|h| h.checkpoint.next_offset >= input_end)

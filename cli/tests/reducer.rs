@@ -1026,7 +1026,7 @@ fn a_zombie_owner_that_never_saw_the_move_changes_no_list_and_no_snapshot() {
     // zombie published epoch-1 ones after it.
     let reader = topk_testenv::reading_consumer(&env.kafka_config(), "zombie-snapshots");
     let in_force = common::await_some("a snapshot of epoch 2", WAIT, || {
-        topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0)
+        topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0, 0)
             .ok()
             .flatten()
             .filter(|h| h.checkpoint.epoch == 2)
@@ -1036,7 +1036,7 @@ fn a_zombie_owner_that_never_saw_the_move_changes_no_list_and_no_snapshot() {
     });
     produce(&mut counts, 500);
     await_exact(&counts, "the lists at the end");
-    let again = topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0)
+    let again = topk_worker::handoff::fetch_latest(&reader, &topics.snapshots, 0, 0)
         .expect("read the snapshots")
         .expect("a snapshot");
     assert_eq!(again.checkpoint.epoch, 2);

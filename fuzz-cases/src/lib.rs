@@ -122,7 +122,24 @@ pub fn handoff(data: &[u8]) {
         records.record(key, id, fields.next());
     }
     for shard in 0..3 {
-        let _ = records.newest_complete(shard, |bytes| Ok(bytes.len()), |_| {});
+        let Some(chosen) = records.newest_complete(shard, |bytes| Ok(bytes.to_vec()), |_| {})
+        else {
+            continue;
+        };
+        // What an owner of the chosen epoch deletes never changes what a reader takes.
+        let mut cleaned = SnapshotRecords::default();
+        for (key, id, payload) in records.live() {
+            cleaned.record(key, id.clone(), Some(payload));
+        }
+        for key in records.older_than(shard, chosen.manifest.epoch) {
+            cleaned.record(&key, None, None);
+        }
+        let again = cleaned.newest_complete(shard, |bytes| Ok(bytes.to_vec()), |_| {});
+        assert_eq!(
+            again.map(|c| (c.manifest, c.snapshot)),
+            Some((chosen.manifest, chosen.snapshot)),
+            "deleting older epochs' records changed the snapshot taken"
+        );
     }
 }
 

@@ -3,7 +3,8 @@
 //! (chunks under a per-publication id, one manifest per epoch written last) and which
 //! snapshot a reader takes are [`topk_api::handoff`]'s; this is the Kafka side. Once a
 //! manifest is acknowledged, the chunks of the snapshot it replaces are deleted (tombstones),
-//! so compaction keeps about one snapshot per shard and epoch.
+//! and so, after a new owner's first manifest, is every record of an older epoch: compaction
+//! keeps about one snapshot per shard.
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use topk_api::handoff::{
     SNAPSHOT_ID_HEADER, Skipped, SnapshotManifest, SnapshotRecords, chunk_key, manifest_key,
+    snapshot_id,
 };
 
 use crate::checkpoint::{Checkpoint, EncodedCheckpoint};
@@ -32,14 +34,20 @@ pub struct Handoff {
     pub published: Published,
 }
 
-/// A snapshot on the topic: its id and chunk count.
+/// A snapshot on the topic: its id and chunk count, and the keys of older epochs' records
+/// that the next publication deletes with its chunks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
     id: String,
     chunks: usize,
+    older: Vec<Vec<u8>>,
 }
 
 impl Published {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
     pub fn chunks(&self) -> usize {
         self.chunks
     }
@@ -47,7 +55,8 @@ impl Published {
 
 /// Sends `cp` to partition `cp.shard` of `topic`, chunks first, manifest last once the chunks
 /// are acknowledged; `released` marks the final snapshot of an owner letting the shard go.
-/// Then deletes the chunks of `replaces`, the snapshot this one supersedes.
+/// Then deletes the chunks of `replaces`, the snapshot this one supersedes, and the older
+/// epochs' records found with it.
 pub fn publish(
     producer: &ThreadedProducer<DeliveryCounter>,
     topic: &str,
@@ -60,7 +69,7 @@ pub fn publish(
     let written_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros());
-    let id = format!("{}-{}-{written_us:x}", cp.epoch, cp.next_offset);
+    let id = snapshot_id(cp.epoch, cp.next_offset, written_us);
     let partition = cp.shard as i32;
     let mut write = ChunkedWrite::new(producer, TIMEOUT);
     for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
@@ -95,26 +104,32 @@ pub fn publish(
     )?;
     // Acknowledged by the checkpoint's flush like any other output.
     if let Some(old) = replaces.filter(|old| old.id != id) {
-        for i in 0..old.chunks {
-            let key = chunk_key(cp.shard, &old.id, i);
+        let chunks = (0..old.chunks).map(|i| chunk_key(cp.shard, &old.id, i).into_bytes());
+        for key in chunks.chain(old.older.iter().cloned()) {
             send(
                 producer,
                 BaseRecord::<[u8], [u8]>::to(topic)
                     .partition(partition)
-                    .key(key.as_bytes()),
+                    .key(&key),
             )?;
         }
     }
-    Ok(Published { id, chunks })
+    Ok(Published {
+        id,
+        chunks,
+        older: Vec::new(),
+    })
 }
 
 /// The newest complete snapshot of `shard`, if any, read with `consumer` (a reader the
 /// worker keeps for this; each call reassigns it): of the highest epoch whose manifest names
-/// chunks that are all there.
+/// chunks that are all there. `epoch` is the reader's: its first publication deletes the
+/// records of older epochs.
 pub fn fetch_latest(
     consumer: &BaseConsumer,
     topic: &str,
     shard: u32,
+    epoch: u64,
 ) -> Result<Option<Handoff>, Error> {
     let partition = shard as i32;
     let (low, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;
@@ -168,6 +183,7 @@ pub fn fetch_latest(
         published: Published {
             id: chosen.manifest.snapshot_id,
             chunks: chosen.manifest.chunks,
+            older: records.older_than(shard, epoch),
         },
     }))
 }

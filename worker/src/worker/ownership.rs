@@ -130,7 +130,7 @@ impl Worker {
         let mut waiting_reported = false;
         let mut pause = Duration::from_millis(200);
         loop {
-            let found = match handoff::fetch_latest(&self.snapshot_reader, &topic, shard) {
+            let found = match handoff::fetch_latest(&self.snapshot_reader, &topic, shard, epoch) {
                 Ok(found) => found,
                 Err(err) => {
                     self.sink.health.metrics.handoff_read_failures.inc();
