@@ -6,6 +6,7 @@ pub mod deny;
 pub mod error;
 pub mod exact;
 pub mod hours;
+pub mod merge;
 pub mod metrics;
 pub mod points;
 pub mod reducer;

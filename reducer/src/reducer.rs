@@ -1,5 +1,11 @@
-//! The reducer's loop: reads the summaries topic, feeds the merge state, and for every complete
-//! window end writes new versions, moves the pointers, and serves them.
+//! The reducer's loop: reads the summaries topic, feeds the merge ([`Merge`]), and for every
+//! complete window end writes new versions, moves the pointers, and serves them. The exact
+//! hours, retention, gauges and a regional metric's output are in the modules below.
+
+mod exact_hours;
+mod gauges;
+mod region_send;
+mod retention;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -9,32 +15,30 @@ use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use topk_api::assignment::AssignmentTable;
 
-use crate::points::WorkerUrls;
 use topk_api::dataplane::RegionInputs;
-use topk_api::record::{ExactHourManifest, RegionScope, RegionSummary, SummaryRecord, exact_until};
+use topk_api::record::exact_until;
 use topk_api::topics::TopicNames;
 use topk_api::{DenyList, RankingRecord};
 use topk_engine::Ranking;
 use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
 use topk_query::Served;
+pub(crate) use topk_runtime::now_ms;
 
+use self::region_send::RegionSender;
 use crate::error::Error;
-use crate::exact::{
-    Grade, HOUR_MS, LongParts, closed_part, compose, grade, plan_hours, refreshed_start, union_tops,
-};
-use crate::hours::{Hours, Ingested};
-use crate::metrics::{MissingLabel, MissingRegionLabel, ReducerMetrics, WindowLabel};
+use crate::exact::{Grade, HOUR_MS, refreshed_start};
+use crate::hours::Hours;
+use crate::merge::{Merge, Missing};
+use crate::metrics::{ReducerMetrics, WindowLabel};
+use crate::points::WorkerUrls;
 use crate::regions::{RegionsConfig, RegionsState};
 use crate::state::{Outcome, Publication, ReducerConfig, ReducerState};
-use crate::store::{Meta, RankingStore, Retention};
-use topk_engine::summary::KeyCount;
-pub(crate) use topk_runtime::now_ms;
-use topk_runtime::output::DeliveryCounter;
+use crate::store::{Meta, RankingStore};
 
 /// A long window's lists and the end of their exact run.
 type Composed = (Vec<Ranking>, Option<i64>);
@@ -121,7 +125,8 @@ pub struct Shared {
 
 pub struct Reducer {
     settings: ReducerSettings,
-    state: ReducerState,
+    /// The merge of shard summaries, or of region summaries for a global metric.
+    merge: Box<dyn Merge>,
     shared: Arc<Shared>,
     consumer: BaseConsumer,
     tables: watch::Receiver<Option<AssignmentTable>>,
@@ -129,9 +134,9 @@ pub struct Reducer {
     deny: watch::Receiver<Option<DenyList>>,
     next_versions: HashMap<(String, String), u64>,
     last_published: Vec<Instant>,
-    /// Per window, the shards last reported missing (None before the first housekeeping
-    /// pass): the per-shard gauges are written only when this changes.
-    reported_missing: Vec<Option<Vec<u32>>>,
+    /// Per window, the shards or regions last reported missing (None before the first
+    /// housekeeping pass): their gauges are written only when this changes.
+    reported_missing: Vec<Option<Missing>>,
     next_offset: i64,
     /// Lists published since retention last ran; it runs once a minute, not per publication
     /// (it reads every stored version of a list).
@@ -145,20 +150,8 @@ pub struct Reducer {
     /// Per composable window, its last publication as merged from the summaries (or, for a
     /// refreshed window, its head's), composed again when an hour in it becomes exact.
     last_streaming: BTreeMap<usize, Publication>,
-    /// A global metric's merge of region summaries (`None`: it merges shard summaries).
-    regions: Option<RegionsState>,
-    /// Per window, the regions last reported missing.
-    reported_missing_regions: Vec<Option<Vec<String>>>,
     /// A regional metric's sender of its lists to the global metric.
     region_sender: Option<RegionSender>,
-}
-
-/// Sends a regional reducer's lists to the global metric without ever waiting for it: when
-/// the global's brokers are out of reach and the producer's queue is full, a list is dropped
-/// (and counted); the global marks the region missing meanwhile.
-struct RegionSender {
-    producer: ThreadedProducer<DeliveryCounter>,
-    settings: RegionOutputSettings,
 }
 
 /// Opens the ranking store and loads every pointed list into a new [`Served`], so a restarted
@@ -228,7 +221,6 @@ impl Reducer {
             .iter()
             .map(|w| meta.published_ends.get(w).copied())
             .collect();
-        let mut state = ReducerState::new(settings.merge.clone(), &ends);
         let mut known: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut empty_lists = BTreeMap::new();
         for entry in shared.served.all() {
@@ -243,36 +235,33 @@ impl Reducer {
                     .insert(r.scope.clone());
             }
         }
-        let mut regions = settings.regions.as_ref().map(|inputs| {
-            let merge = &settings.merge;
-            RegionsState::new(
-                RegionsConfig {
-                    metric: merge.metric.clone(),
-                    regions: inputs.regions.clone(),
-                    k: merge.k,
-                    windows: merge.windows.clone(),
-                    window_lengths: merge.window_lengths.clone(),
-                    wait_ms: inputs.wait.as_millis(),
-                },
-                &ends,
-            )
-        });
-        for (window, scopes) in known {
-            if let Some(regions) = regions.as_mut() {
-                regions.set_known_scopes(&window, scopes.clone());
+        let mut merge: Box<dyn Merge> = match &settings.regions {
+            Some(inputs) => {
+                let merge = &settings.merge;
+                Box::new(RegionsState::new(
+                    RegionsConfig {
+                        metric: merge.metric.clone(),
+                        regions: inputs.regions.clone(),
+                        k: merge.k,
+                        windows: merge.windows.clone(),
+                        window_lengths: merge.window_lengths.clone(),
+                        wait_ms: inputs.wait.as_millis(),
+                    },
+                    &ends,
+                ))
             }
-            state.set_known_scopes(&window, scopes);
+            None => Box::new(ReducerState::new(settings.merge.clone(), &ends)),
+        };
+        for (window, scopes) in known {
+            merge.set_known_scopes(&window, scopes);
         }
         if let Some(list) = deny.borrow_and_update().clone() {
-            if let Some(regions) = regions.as_mut() {
-                regions.replace_deny(list.clone());
-            }
-            state.replace_deny(list);
+            merge.replace_deny(list);
         }
         // A table already in the channel counts as seen by it: take it now.
         let initial = tables.borrow_and_update().clone();
         if let Some(table) = initial {
-            state.set_table(table);
+            merge.set_table(table);
         }
         // Positions live in the ranking store.
         let consumer: BaseConsumer = topk_runtime::clients::assigned_reader(
@@ -283,25 +272,11 @@ impl Reducer {
         // end (librdkafka's default), which would skip every summary still there.
         .set("auto.offset.reset", "earliest")
         .create()?;
-        let region_sender = match &settings.region_output {
-            Some(output) => Some(RegionSender {
-                producer: topk_runtime::client_config(&output.kafka)
-                    .set("linger.ms", "5")
-                    // A list older than this is not worth delivering: newer ones follow.
-                    .set("message.timeout.ms", "60000")
-                    .set("queue.buffering.max.messages", "10000")
-                    .set(
-                        "message.max.bytes",
-                        topk_api::topics::summary_batch_bytes(
-                            u32::try_from(output.record_bytes).unwrap_or(u32::MAX),
-                        )
-                        .to_string(),
-                    )
-                    .create_with_context(DeliveryCounter::default())?,
-                settings: output.clone(),
-            }),
-            None => None,
-        };
+        let region_sender = settings
+            .region_output
+            .as_ref()
+            .map(RegionSender::new)
+            .transpose()?;
         let start = meta.resume_offset.unwrap_or(0);
         let loaded = shared
             .loaded_hours
@@ -333,7 +308,7 @@ impl Reducer {
         shared.ready.store(true, Ordering::SeqCst);
         let windows = settings.merge.windows.len();
         Ok(Self {
-            state,
+            merge,
             shared,
             consumer,
             tables,
@@ -347,8 +322,6 @@ impl Reducer {
             hours,
             empty_lists,
             last_streaming: BTreeMap::new(),
-            regions,
-            reported_missing_regions: vec![None; windows],
             region_sender,
             settings,
         })
@@ -362,7 +335,7 @@ impl Reducer {
         while !stop.load(Ordering::SeqCst) {
             // Before its first assignment table the reducer could only quarantine every summary
             // it reads (a backlog of them, after a restart): it reads none until one arrives.
-            if self.regions.is_none() && !self.state.has_table() {
+            if self.merge.waits_for_table() {
                 if !std::mem::replace(&mut waiting_for_table, true) {
                     tracing::info!("waiting for the assignment table before reading summaries");
                 }
@@ -374,52 +347,35 @@ impl Reducer {
                 Some(Ok(msg)) if msg.topic() == self.settings.topics.exact_hours => {
                     // Rare and possibly large: owned, so the consumer can be polled again.
                     let msg = msg.detach();
-                    self.exact_hours_record(
+                    let again = self.exact_hours_record(
                         msg.key(),
                         msg.payload().unwrap_or_default(),
                         msg.offset(),
                     )?;
-                }
-                Some(Ok(msg)) if self.regions.is_some() => {
-                    self.next_offset = msg.offset() + 1;
-                    let payload = msg.payload().unwrap_or_default();
-                    let offset = msg.offset();
-                    match serde_json::from_slice::<RegionSummary>(payload) {
-                        Ok(summary) => {
-                            if let Some(regions) = self.regions.as_mut() {
-                                let sent_ms = msg.timestamp().to_millis();
-                                let outcome = regions.offer(summary, offset, sent_ms, now_ms());
-                                self.shared.metrics.outcome(outcome);
-                                // The last region's summary of an end: publish now.
-                                if outcome == Outcome::Accepted && regions.has_complete_end() {
-                                    since_housekeeping = HOUSEKEEPING_EVERY;
-                                }
-                            }
-                        }
-                        Err(err) => {
-                            self.shared.metrics.unreadable_summaries.inc();
-                            tracing::warn!(%err, offset, "not a region summary; skipped");
-                        }
+                    if !again.is_empty() {
+                        self.publish(again, true)?;
                     }
-                    since_housekeeping += 1;
                 }
                 Some(Ok(msg)) => {
                     self.next_offset = msg.offset() + 1;
                     let payload = msg.payload().unwrap_or_default();
-                    match serde_json::from_slice::<SummaryRecord>(payload) {
-                        Ok(record) => {
-                            let sent_ms = msg.timestamp().to_millis();
-                            let outcome = self.state.offer(record, msg.offset(), sent_ms);
+                    let sent_ms = msg.timestamp().to_millis();
+                    match self
+                        .merge
+                        .offer_payload(payload, msg.offset(), sent_ms, now_ms())
+                    {
+                        Ok(outcome) => {
                             self.shared.metrics.outcome(outcome);
-                            // The last shard's summary of an end: publish now, not at the
-                            // next housekeeping (up to 100 ms later).
-                            if outcome == Outcome::Accepted && self.state.has_complete_end() {
+                            // The last part's summary of an end: publish now, not at the next
+                            // housekeeping (up to 100 ms later).
+                            if outcome == Outcome::Accepted && self.merge.has_complete_end() {
                                 since_housekeeping = HOUSEKEEPING_EVERY;
                             }
                         }
                         Err(err) => {
                             self.shared.metrics.unreadable_summaries.inc();
-                            tracing::warn!(%err, offset = msg.offset(), "not a summary record; skipped");
+                            let kind = self.merge.record_kind();
+                            tracing::warn!(%err, offset = msg.offset(), "not a {kind}; skipped");
                         }
                     }
                     since_housekeeping += 1;
@@ -446,7 +402,7 @@ impl Reducer {
         if self.tables.has_changed().unwrap_or(false) {
             let table = self.tables.borrow_and_update().clone();
             if let Some(table) = table {
-                for outcome in self.state.set_table(table) {
+                for outcome in self.merge.set_table(table) {
                     self.shared.metrics.outcome(outcome);
                 }
             }
@@ -457,17 +413,14 @@ impl Reducer {
             None
         };
         if let Some(list) = changed_deny {
-            let mut again = self.state.replace_deny(list.clone());
-            if let Some(regions) = self.regions.as_mut() {
-                again = regions.replace_deny(list);
-            }
+            let again = self.merge.replace_deny(list);
             self.shared
                 .metrics
                 .denied_keys
-                .set(self.state.denied_count() as i64);
+                .set(self.merge.denied_count() as i64);
             if !again.is_empty() {
                 tracing::info!(
-                    keys = self.state.denied_count(),
+                    keys = self.merge.denied_count(),
                     windows = again.len(),
                     "deny list changed; publishing every window's last lists again"
                 );
@@ -476,12 +429,12 @@ impl Reducer {
         }
         // Until the deny list is known, summaries wait: a list published now could hold a
         // denied key.
-        let publications = match (self.deny.borrow().is_some(), self.regions.as_mut()) {
-            (false, _) => Vec::new(),
-            (true, Some(regions)) => regions.publish_ready(now_ms()),
-            (true, None) => self.state.publish_ready(),
+        let publications = if self.deny.borrow().is_some() {
+            self.merge.publish_ready(now_ms())
+        } else {
+            Vec::new()
         };
-        let hours = self.state.take_hours();
+        let hours = self.merge.take_hours();
         self.hours.put_streaming(&hours)?;
         for hour in &hours {
             self.grade_hour(hour.hour_ms)?;
@@ -494,112 +447,15 @@ impl Reducer {
             self.apply_retention()?;
         }
         let metrics = &self.shared.metrics;
-        let dropped = self.regions.as_ref().map_or(0, RegionsState::dropped);
-        metrics.dropped.set((self.state.dropped() + dropped) as i64);
+        metrics.dropped.set(self.merge.dropped() as i64);
         if let Some(sender) = &self.region_sender {
             metrics
                 .region_lists_undelivered
                 .set(sender.producer.context().failed() as i64);
         }
-        metrics.quarantined.set(self.state.quarantined() as i64);
-        metrics.held_bytes.set(self.state.held_bytes() as i64);
-        let now = now_ms();
-        for (w, window) in self.settings.merge.windows.iter().enumerate() {
-            let threshold = self.settings.stale_after.max(Duration::from_millis(
-                2 * self.settings.bucket_ms[w].max(0) as u64,
-            ));
-            let stale = self.last_published[w].elapsed() > threshold;
-            if self.shared.served.set_stale(window, stale) {
-                tracing::warn!(window, stale, "window staleness changed");
-            }
-            let label = WindowLabel {
-                window: window.clone(),
-            };
-            metrics.stale.get_or_create(&label).set(i64::from(stale));
-            if let Some(regions) = &self.regions {
-                let missing = regions.missing(w).map(|(_, m)| m).unwrap_or_default();
-                if self.reported_missing_regions[w].as_ref() != Some(&missing) {
-                    for region in &regions.config().regions {
-                        metrics
-                            .missing_region
-                            .get_or_create(&MissingRegionLabel {
-                                window: window.clone(),
-                                region: region.clone(),
-                            })
-                            .set(i64::from(missing.contains(region)));
-                    }
-                    self.reported_missing_regions[w] = Some(missing);
-                }
-            }
-            let missing = self.state.missing(w).map(|(_, m)| m).unwrap_or_default();
-            if self.reported_missing[w].as_ref() != Some(&missing) {
-                for shard in 0..self.settings.merge.shards {
-                    metrics
-                        .missing_shard
-                        .get_or_create(&MissingLabel {
-                            window: window.clone(),
-                            shard,
-                        })
-                        .set(i64::from(missing.contains(&shard)));
-                }
-                self.reported_missing[w] = Some(missing);
-            }
-            if let Some(entry) = self.shared.served.get(window, "")
-                && let Some(wm) = topk_engine::event::parse_rfc3339_ms(&entry.record.watermark)
-            {
-                metrics
-                    .watermark_lag_seconds
-                    .get_or_create(&label)
-                    .set((now - wm) / 1000);
-            }
-        }
-        Ok(())
-    }
-
-    fn apply_retention(&mut self) -> Result<(), Error> {
-        let policy = Retention {
-            keep: self.settings.keep_versions,
-            older_than_ms: now_ms() - self.settings.keep_for.as_millis() as i64,
-        };
-        for (window, scope) in std::mem::take(&mut self.retention_due) {
-            self.shared.store.retain(&window, &scope, policy)?;
-        }
-        self.expire_empty_lists(policy.older_than_ms)?;
-        // Hour detail is kept for the longest sliding window, plus two hours for grading.
-        let longest = self
-            .settings
-            .merge
-            .window_lengths
-            .iter()
-            .flatten()
-            .max()
-            .copied()
-            .unwrap_or(0);
-        if let Some(newest) = self.hours.newest_exact() {
-            self.hours.retain(newest - longest - 2 * HOUR_MS)?;
-        }
-        self.last_retention = Instant::now();
-        Ok(())
-    }
-
-    /// Deletes the lists that have been empty since before `before_ms`: their scopes left every
-    /// shard's windows, and a query for them answers as for a scope never seen.
-    fn expire_empty_lists(&mut self, before_ms: i64) -> Result<(), Error> {
-        let due: Vec<(String, String)> = self
-            .empty_lists
-            .iter()
-            .filter(|(_, since)| **since < before_ms)
-            .map(|(list, _)| list.clone())
-            .collect();
-        for list @ (window, scope) in &due {
-            self.empty_lists.remove(list);
-            if self.shared.store.delete_empty_list(window, scope)? {
-                self.next_versions.remove(list);
-                self.shared.served.remove(window, scope);
-                self.shared.metrics.lists_expired.inc();
-                tracing::info!(window, scope, "empty list expired");
-            }
-        }
+        metrics.quarantined.set(self.merge.quarantined() as i64);
+        metrics.held_bytes.set(self.merge.held_bytes() as i64);
+        self.window_gauges();
         Ok(())
     }
 
@@ -706,10 +562,7 @@ impl Reducer {
                 });
             }
         }
-        meta.resume_offset = Some(match &self.regions {
-            Some(regions) => regions.resume_offset(self.next_offset),
-            None => self.state.resume_offset(self.next_offset),
-        });
+        meta.resume_offset = Some(self.merge.resume_offset(self.next_offset));
         let store = &self.shared.store;
         store.write_versions(&records)?;
         store.point(&records, &meta)?;
@@ -754,46 +607,6 @@ impl Reducer {
         Ok(())
     }
 
-    /// A regional reducer's new lists, sent to the global metric (not the trending list, which
-    /// is ordered by a ratio that regions do not add up to).
-    fn send_to_global(&self, publications: &[Publication]) {
-        let Some(sender) = &self.region_sender else {
-            return;
-        };
-        let merge = &self.settings.merge;
-        let trending = merge.trending_list().map(|w| merge.windows[w].as_str());
-        for publication in publications {
-            if Some(publication.window.as_str()) == trending {
-                continue;
-            }
-            let summary = region_summary(&sender.settings, merge, publication);
-            let metrics = &self.shared.metrics;
-            let bytes = match summary.encode(sender.settings.record_bytes) {
-                Ok(Some(bytes)) => bytes,
-                Ok(None) | Err(_) => {
-                    metrics.region_lists_dropped.inc();
-                    tracing::warn!(
-                        window = publication.window,
-                        "lists too large to send to the global metric"
-                    );
-                    continue;
-                }
-            };
-            let record = BaseRecord::to(&sender.settings.topic)
-                .key(sender.settings.region.as_str())
-                .payload(&bytes);
-            match sender.producer.send(record) {
-                Ok(()) => {
-                    metrics.region_lists_sent.inc();
-                }
-                Err((err, _)) => {
-                    metrics.region_lists_dropped.inc();
-                    tracing::warn!(%err, window = publication.window, "cannot send lists to the global metric; dropped");
-                }
-            }
-        }
-    }
-
     /// A head window's publication (the parent's open bucket so far) as its parent `parent`'s
     /// list at the same end: renamed, starting where the parent's list at that end starts (the
     /// tail drops a whole bucket at a time). `None` at the parent's own ends (it publishes those
@@ -817,212 +630,6 @@ impl Reducer {
         }
         Some(publication)
     }
-
-    /// The hours `[start, end)` of a composable window's publication that are closed (the
-    /// rest, of a refreshed list, is its head); `None` for an all-time window with no data.
-    fn closed_hours(&self, w: usize, publication: &Publication) -> Option<(i64, i64)> {
-        closed_part(
-            self.settings.merge.window_lengths[w],
-            self.settings.bucket_ms[w],
-            publication.window_end_ms,
-            publication.head.as_ref().map(|head| head.hour_ms),
-            self.hours.first_data_hour(),
-        )
-    }
-
-    /// A long window's lists at one end as exact closed hours plus the open hours' streaming
-    /// estimates (and, for a refreshed list, its head's), with the end of the exact run; `None`
-    /// keeps the streaming lists (no hour of the window is exact yet, or one is unknown).
-    fn compose_window(
-        &self,
-        w: usize,
-        publication: &Publication,
-    ) -> Result<Option<Composed>, Error> {
-        let hours = &self.hours;
-        let first = hours.first_data_hour();
-        let all_time = self.settings.merge.window_lengths[w].is_none();
-        let Some((start, end)) = self.closed_hours(w, publication) else {
-            return Ok(None);
-        };
-        let Some(plan) = plan_hours(start, end, first, |h| hours.state(h)) else {
-            return Ok(None);
-        };
-        // The all-time exact part is the sum over every exact hour: only usable up to `end`.
-        if all_time && hours.newest_exact().is_some_and(|h| h >= end) {
-            return Ok(None);
-        }
-        let mut open = Vec::with_capacity(plan.open.len() + 1);
-        for hour in &plan.open {
-            match hours.streaming(*hour)? {
-                Some(list) => open.push(list),
-                None => return Ok(None),
-            }
-        }
-        open.extend(publication.head.clone());
-        let denied = |key: &str| self.state.denied(key);
-        let k = self.settings.merge.k;
-        let rankings = if all_time {
-            let parts = LongParts {
-                streaming: &publication.rankings,
-                exact_candidates: hours.all_time_tops(),
-                open: &open,
-                k,
-            };
-            compose(&parts, &denied, |scope, key| {
-                hours.all_time_count(scope, key)
-            })?
-        } else {
-            let mut tops = Vec::with_capacity(plan.exact.len());
-            for hour in &plan.exact {
-                tops.push(hours.tops(*hour)?);
-            }
-            let candidates = union_tops(tops);
-            let parts = LongParts {
-                streaming: &publication.rankings,
-                exact_candidates: &candidates,
-                open: &open,
-                k,
-            };
-            compose(&parts, &denied, |scope, key| {
-                plan.exact
-                    .iter()
-                    .map(|hour| hours.exact_count(*hour, scope, key))
-                    .sum::<Result<u64, Error>>()
-            })?
-        };
-        Ok(Some((rankings, plan.exact_until_ms)))
-    }
-
-    /// One record of the exact-hours topic: a chunk is staged, a manifest makes its hour exact.
-    /// Records that cannot be used are counted, logged and skipped.
-    fn exact_hours_record(
-        &mut self,
-        key: Option<&[u8]>,
-        payload: &[u8],
-        offset: i64,
-    ) -> Result<(), Error> {
-        let key = key.and_then(|k| std::str::from_utf8(k).ok()).unwrap_or("");
-        let parsed = key
-            .rsplit_once('/')
-            .and_then(|(hour, part)| Some((hour, parse_rfc3339_ms(hour)?, part)));
-        let skip = |this: &mut Self, why: String| -> Result<(), Error> {
-            this.shared.metrics.exact_hour_errors.inc();
-            tracing::warn!(key, offset, why, "exact-hours record skipped");
-            this.hours.skip_to(offset + 1)
-        };
-        let Some((hour, hour_ms, part)) = parsed else {
-            return skip(self, "the key is not HOUR/CHUNK or HOUR/manifest".into());
-        };
-        if part != "manifest" {
-            return match part.parse::<u32>() {
-                Ok(chunk) => self.hours.stage_chunk(hour_ms, chunk, payload),
-                Err(_) => skip(self, format!("unknown part {part:?}")),
-            };
-        }
-        let manifest: ExactHourManifest = match serde_json::from_slice(payload) {
-            Ok(m) => m,
-            Err(err) => return skip(self, format!("unreadable manifest: {err}")),
-        };
-        if manifest.metric != self.settings.merge.metric || manifest.hour != hour {
-            return skip(
-                self,
-                format!("manifest of {} {}", manifest.metric, manifest.hour),
-            );
-        }
-        match self.hours.ingest(hour_ms, &manifest, offset + 1) {
-            Ok(ingested) => self.hour_became_exact(ingested, &manifest),
-            Err(err @ (Error::IncompleteHour { .. } | Error::Json(_))) => {
-                skip(self, err.to_string())
-            }
-            Err(err) => Err(err),
-        }
-    }
-
-    /// Grades the hour and composes again every window that holds it.
-    fn hour_became_exact(
-        &mut self,
-        ingested: Ingested,
-        manifest: &ExactHourManifest,
-    ) -> Result<(), Error> {
-        let hour = ingested.hour_ms;
-        self.shared.metrics.exact_hours.inc();
-        self.shared.metrics.recounted(hour, manifest);
-        tracing::info!(
-            hour = manifest.hour,
-            counted = manifest.counted,
-            keys = manifest.keys,
-            replaced = ingested.replaced,
-            "hour is exact"
-        );
-        self.grade_hour(hour)?;
-        let affected: Vec<Publication> = self
-            .last_streaming
-            .iter()
-            .filter(|(w, p)| {
-                self.closed_hours(**w, p)
-                    .is_none_or(|(start, end)| (start..end).contains(&hour))
-            })
-            .map(|(_, p)| p.clone())
-            .collect();
-        if !affected.is_empty() {
-            self.publish(affected, true)?;
-        }
-        Ok(())
-    }
-
-    /// Grades the hour's streaming list against its exact counts, once both are known.
-    fn grade_hour(&mut self, hour_ms: i64) -> Result<(), Error> {
-        if !self.hours.is_exact(hour_ms) {
-            return Ok(());
-        }
-        let Some(streaming) = self.hours.streaming(hour_ms)? else {
-            return Ok(());
-        };
-        let tops = self.hours.tops(hour_ms)?;
-        let hours = &self.hours;
-        let denied = |key: &str| self.state.denied(key);
-        let result = grade(
-            &streaming,
-            &tops,
-            self.settings.merge.k,
-            &denied,
-            |scope, key| hours.exact_count(hour_ms, scope, key),
-        )?;
-        let metrics = &self.shared.metrics;
-        metrics.grade_recall.set(result.recall_at_k);
-        metrics.grade_max_overcount.set(result.max_overcount as i64);
-        metrics
-            .grade_overcount_bound
-            .set(result.overcount_bound as i64);
-        metrics
-            .grade_rank_displacement
-            .set(i64::from(result.max_rank_displacement));
-        metrics.graded_hour_seconds.set(hour_ms / 1000);
-        if result.bound_violated {
-            metrics.grade_bound_violations.inc();
-        }
-        if result.bound_violated {
-            tracing::warn!(
-                hour = format_rfc3339_ms(hour_ms),
-                recall = result.recall_at_k,
-                overcount = result.max_overcount,
-                bound = result.overcount_bound,
-                "the streaming list of the hour fell short of its exact counts"
-            );
-        }
-        let mut grades = self
-            .shared
-            .grades
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        grades.retain(|g| g.hour_ms != hour_ms);
-        grades.push_back(result);
-        grades.make_contiguous().sort_by_key(|g| g.hour_ms);
-        while grades.len() > GRADES_KEPT {
-            grades.pop_front();
-        }
-        Ok(())
-    }
 }
 
 /// Counts and logs the offsets of `topic` (one partition) retention deleted below `from`, where
@@ -1040,47 +647,5 @@ fn count_expired(consumer: &BaseConsumer, topic: &str, from: i64, metrics: &Redu
         }
         Ok(_) => {}
         Err(err) => tracing::warn!(topic, %err, "cannot read the partition's offsets"),
-    }
-}
-
-/// A regional publication as the global metric merges it: every scope's list with its floor
-/// (the last count of a full list: an unlisted key counted at most that).
-fn region_summary(
-    output: &RegionOutputSettings,
-    merge: &ReducerConfig,
-    publication: &Publication,
-) -> RegionSummary {
-    let rankings = &publication.rankings;
-    let first = rankings.first();
-    RegionSummary {
-        metric: merge.metric.clone(),
-        region: output.region.clone(),
-        epoch: output.epoch,
-        window: publication.window.clone(),
-        window_start_ms: first.and_then(|r| r.window_start_ms),
-        window_end_ms: publication.window_end_ms,
-        watermark_ms: rankings
-            .iter()
-            .map(|r| r.watermark_ms)
-            .min()
-            .unwrap_or(i64::MIN),
-        mode: first.map_or_else(|| "exact".to_owned(), |r| r.mode.clone()),
-        max_overcount: rankings.iter().map(|r| r.max_overcount).max().unwrap_or(0),
-        retries_may_count: rankings.iter().any(|r| r.retries_may_count),
-        scopes: rankings
-            .iter()
-            .map(|r| RegionScope {
-                scope: r.scope.clone(),
-                floor: match r.items.last() {
-                    Some(last) if r.items.len() >= merge.k => last.count,
-                    _ => 0,
-                },
-                items: r
-                    .items
-                    .iter()
-                    .map(|i| KeyCount::new(i.key.clone(), i.count))
-                    .collect(),
-            })
-            .collect(),
     }
 }

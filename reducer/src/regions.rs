@@ -18,6 +18,7 @@ use topk_api::record::{RegionCoverage, RegionSummary};
 use topk_engine::summary::{rank_order, top_k};
 use topk_engine::{RankedItem, Ranking};
 
+use crate::merge::{Merge, Missing};
 use crate::state::{MAX_PENDING_ENDS, Outcome, Publication};
 
 /// What the global reducer merges.
@@ -401,6 +402,64 @@ pub fn merge_regions(
         .map(|r| r.scope.clone())
         .collect();
     out
+}
+
+impl Merge for RegionsState {
+    fn record_kind(&self) -> &'static str {
+        "region summary"
+    }
+
+    fn offer_payload(
+        &mut self,
+        payload: &[u8],
+        offset: i64,
+        sent_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Outcome, serde_json::Error> {
+        let summary: RegionSummary = serde_json::from_slice(payload)?;
+        Ok(self.offer(summary, offset, sent_ms, now_ms))
+    }
+
+    fn has_complete_end(&self) -> bool {
+        RegionsState::has_complete_end(self)
+    }
+
+    fn publish_ready(&mut self, now_ms: i64) -> Vec<Publication> {
+        RegionsState::publish_ready(self, now_ms)
+    }
+
+    fn replace_deny(&mut self, keys: BTreeSet<String>) -> Vec<Publication> {
+        RegionsState::replace_deny(self, keys)
+    }
+
+    fn denied(&self, key: &str) -> bool {
+        self.deny.contains(key)
+    }
+
+    fn denied_count(&self) -> usize {
+        self.deny.len()
+    }
+
+    fn set_known_scopes(&mut self, window: &str, scopes: BTreeSet<String>) {
+        RegionsState::set_known_scopes(self, window, scopes)
+    }
+
+    fn missing(&self, window: usize) -> Missing {
+        Missing::Regions {
+            missing: RegionsState::missing(self, window)
+                .map(|(_, missing)| missing)
+                .unwrap_or_default(),
+            regions: self.cfg.regions.clone(),
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        RegionsState::dropped(self)
+    }
+
+    fn resume_offset(&self, next: i64) -> i64 {
+        RegionsState::resume_offset(self, next)
+    }
 }
 
 #[cfg(test)]

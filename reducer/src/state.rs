@@ -16,6 +16,7 @@ use topk_engine::trend::TrendScore;
 use topk_engine::{EngineConfig, Ranking, ShardSummary};
 
 use crate::exact::{HOUR_MS, StreamingHour};
+use crate::merge::{Merge, Missing};
 
 /// Window ends kept waiting per window; past it the oldest is dropped (and counted).
 pub const MAX_PENDING_ENDS: usize = 4096;
@@ -724,6 +725,84 @@ fn streaming_hour(
                 (r.scope, items)
             })
             .collect(),
+    }
+}
+
+impl Merge for ReducerState {
+    fn record_kind(&self) -> &'static str {
+        "shard summary"
+    }
+
+    fn offer_payload(
+        &mut self,
+        payload: &[u8],
+        offset: i64,
+        sent_ms: Option<i64>,
+        _now_ms: i64,
+    ) -> Result<Outcome, serde_json::Error> {
+        let record: SummaryRecord = serde_json::from_slice(payload)?;
+        Ok(self.offer(record, offset, sent_ms))
+    }
+
+    fn waits_for_table(&self) -> bool {
+        !self.has_table()
+    }
+
+    fn set_table(&mut self, table: AssignmentTable) -> Vec<Outcome> {
+        ReducerState::set_table(self, table)
+    }
+
+    fn has_complete_end(&self) -> bool {
+        ReducerState::has_complete_end(self)
+    }
+
+    fn publish_ready(&mut self, _now_ms: i64) -> Vec<Publication> {
+        ReducerState::publish_ready(self)
+    }
+
+    fn replace_deny(&mut self, keys: BTreeSet<String>) -> Vec<Publication> {
+        ReducerState::replace_deny(self, keys)
+    }
+
+    fn denied(&self, key: &str) -> bool {
+        ReducerState::denied(self, key)
+    }
+
+    fn denied_count(&self) -> usize {
+        ReducerState::denied_count(self)
+    }
+
+    fn set_known_scopes(&mut self, window: &str, scopes: BTreeSet<String>) {
+        ReducerState::set_known_scopes(self, window, scopes)
+    }
+
+    fn take_hours(&mut self) -> Vec<StreamingHour> {
+        ReducerState::take_hours(self)
+    }
+
+    fn missing(&self, window: usize) -> Missing {
+        Missing::Shards {
+            missing: ReducerState::missing(self, window)
+                .map(|(_, missing)| missing)
+                .unwrap_or_default(),
+            shards: self.cfg.shards,
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        ReducerState::dropped(self)
+    }
+
+    fn quarantined(&self) -> usize {
+        ReducerState::quarantined(self)
+    }
+
+    fn held_bytes(&self) -> usize {
+        ReducerState::held_bytes(self)
+    }
+
+    fn resume_offset(&self, next: i64) -> i64 {
+        ReducerState::resume_offset(self, next)
     }
 }
 
