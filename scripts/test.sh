@@ -36,6 +36,9 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo doc (the workspace's own docs; warnings, such as broken links, are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
 step "the operator builds no RocksDB (runtime features)"
 if cargo tree -p topk-operator --locked --prefix none | grep -q '^librocksdb-sys '; then
   echo "topk-operator depends on RocksDB: take runtime's features it uses only" >&2
