@@ -12,6 +12,7 @@ pub mod points;
 pub mod reducer;
 pub mod regions;
 pub mod rollback;
+pub mod settings;
 pub mod state;
 pub mod status;
 pub mod store;
@@ -34,7 +35,8 @@ use topk_query::query_router;
 use topk_runtime::ControlPlane;
 
 pub use error::Error;
-pub use reducer::{PointCountSettings, Reducer, ReducerSettings, RegionOutputSettings, Shared};
+pub use reducer::{Reducer, Shared};
+pub use settings::{PointCountSettings, ReducerSettings, RegionOutputSettings};
 pub use state::{ReducerConfig, ReducerState};
 
 /// What a reducer of this metric merges, where, and how long it keeps versions.

@@ -7,7 +7,30 @@ use std::collections::BTreeSet;
 use topk_api::assignment::AssignmentTable;
 
 use crate::exact::StreamingHour;
-use crate::state::{Outcome, Publication};
+use crate::regions::{RegionsConfig, RegionsState};
+use crate::settings::ReducerSettings;
+use crate::state::{Outcome, Publication, ReducerState};
+
+/// The merge a reducer of these settings runs, starting after the ends it published
+/// (`published_ends`, per window): of region summaries for a global metric, else of shard
+/// summaries.
+pub fn for_settings(settings: &ReducerSettings, published_ends: &[Option<i64>]) -> Box<dyn Merge> {
+    let merge = &settings.merge;
+    match &settings.regions {
+        Some(inputs) => Box::new(RegionsState::new(
+            RegionsConfig {
+                metric: merge.metric.clone(),
+                regions: inputs.regions.clone(),
+                k: merge.k,
+                windows: merge.windows.clone(),
+                window_lengths: merge.window_lengths.clone(),
+                wait_ms: inputs.wait.as_millis(),
+            },
+            published_ends,
+        )),
+        None => Box::new(ReducerState::new(merge.clone(), published_ends)),
+    }
+}
 
 /// The parts a window end waits for that have not reported it yet.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,6 @@ mod region_send;
 mod retention;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,10 +19,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use topk_api::assignment::AssignmentTable;
 
-use topk_api::dataplane::RegionInputs;
-use topk_api::record::exact_until;
-use topk_api::topics::TopicNames;
-use topk_api::{DenyList, RankingRecord};
+use topk_api::DenyList;
 use topk_engine::Ranking;
 use topk_engine::event::{format_rfc3339_ms, parse_rfc3339_ms};
 use topk_query::Served;
@@ -31,13 +27,12 @@ pub(crate) use topk_runtime::now_ms;
 
 use self::region_send::RegionSender;
 use crate::error::Error;
-use crate::exact::{Grade, HOUR_MS, refreshed_start};
+use crate::exact::{Grade, refreshed_start};
 use crate::hours::Hours;
-use crate::merge::{Merge, Missing};
+use crate::merge::{self, Merge, Missing};
 use crate::metrics::{ReducerMetrics, WindowLabel};
-use crate::points::WorkerUrls;
-use crate::regions::{RegionsConfig, RegionsState};
-use crate::state::{Outcome, Publication, ReducerConfig, ReducerState};
+use crate::settings::ReducerSettings;
+use crate::state::{Outcome, Publication};
 use crate::store::{Meta, RankingStore};
 
 /// A long window's lists and the end of their exact run.
@@ -49,67 +44,6 @@ const GRADES_KEPT: usize = 48;
 /// Messages handled between two looks at the table, publications and staleness.
 const HOUSEKEEPING_EVERY: u32 = 256;
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
-
-#[derive(Debug, Clone)]
-pub struct ReducerSettings {
-    /// Name of the TopKMetric object.
-    pub name: String,
-    pub merge: ReducerConfig,
-    /// Bucket width of each window (same order), for the staleness threshold.
-    pub bucket_ms: Vec<i64>,
-    /// The Kafka cluster and how to connect to it, credentials included.
-    pub kafka: topk_api::kafka::KafkaProperties,
-    pub topics: TopicNames,
-    pub state_dir: PathBuf,
-    /// A window's lists are stale when nothing newer was published for this long (or two
-    /// buckets, if longer).
-    pub stale_after: Duration,
-    pub keep_versions: usize,
-    pub keep_for: Duration,
-    /// How point counts are asked of the workers; `None` refuses them.
-    pub point_counts: Option<PointCountSettings>,
-    /// A regional metric's: where every list it publishes also goes.
-    pub region_output: Option<RegionOutputSettings>,
-    /// A global metric's: the regions it merges (their summaries replace the shards').
-    pub regions: Option<RegionInputs>,
-}
-
-/// Where a regional reducer sends its lists: the global metric's summaries topic.
-#[derive(Debug, Clone)]
-pub struct RegionOutputSettings {
-    pub region: String,
-    pub epoch: u64,
-    pub topic: String,
-    /// The global metric's cluster, credentials included.
-    pub kafka: topk_api::kafka::KafkaProperties,
-    /// Largest record sent; longer lists are cut to fit.
-    pub record_bytes: usize,
-}
-
-#[derive(Debug, Clone)]
-pub struct PointCountSettings {
-    /// The engine the workers run: which shard owns a key, and the mode.
-    pub engine: topk_engine::EngineConfig,
-    pub workers: WorkerUrls,
-}
-
-impl ReducerSettings {
-    /// Whether a window's lists are sums of clock hours (whole hours long, or all-time, and
-    /// published on hour boundaries; not the trending list), so that recounted hours can replace their estimates.
-    pub fn composable(&self, window: usize) -> bool {
-        let whole_hours = |ms: i64| ms > 0 && ms % HOUR_MS == 0;
-        let length = self.merge.window_lengths.get(window).copied().flatten();
-        // The trending list ranks by a ratio, which hours do not add up to.
-        self.merge.trending_list() != Some(window)
-            && self.bucket_ms.get(window).is_some_and(|b| whole_hours(*b))
-            && length.is_none_or(whole_hours)
-    }
-
-    /// Keys kept per scope of an exact hour as candidates and for grading.
-    pub fn tops_size(&self) -> usize {
-        (4 * self.merge.k).max(100)
-    }
-}
 
 /// State shared with the HTTP endpoints.
 pub struct Shared {
@@ -235,23 +169,7 @@ impl Reducer {
                     .insert(r.scope.clone());
             }
         }
-        let mut merge: Box<dyn Merge> = match &settings.regions {
-            Some(inputs) => {
-                let merge = &settings.merge;
-                Box::new(RegionsState::new(
-                    RegionsConfig {
-                        metric: merge.metric.clone(),
-                        regions: inputs.regions.clone(),
-                        k: merge.k,
-                        windows: merge.windows.clone(),
-                        window_lengths: merge.window_lengths.clone(),
-                        wait_ms: inputs.wait.as_millis(),
-                    },
-                    &ends,
-                ))
-            }
-            None => Box::new(ReducerState::new(settings.merge.clone(), &ends)),
-        };
+        let mut merge = merge::for_settings(&settings, &ends);
         for (window, scopes) in known {
             merge.set_known_scopes(&window, scopes);
         }
@@ -542,24 +460,8 @@ impl Reducer {
         let publications = kept;
         for publication in &publications {
             for ranking in &publication.rankings {
-                records.push(RankingRecord {
-                    metric: ranking.metric.clone(),
-                    scope: ranking.scope.clone(),
-                    window: ranking.window.clone(),
-                    window_start: ranking.window_start_ms.map(format_rfc3339_ms),
-                    window_end: ranking.window_end_ms.map(format_rfc3339_ms),
-                    items: ranking.items.clone(),
-                    mode: ranking.mode.clone(),
-                    max_overcount: ranking.max_overcount,
-                    retries_may_count: ranking.retries_may_count,
-                    watermark: format_rfc3339_ms(ranking.watermark_ms),
-                    as_of: as_of.clone(),
-                    version: self.next_version(&ranking.window, &ranking.scope)?,
-                    exact_until: exact_until(ranking, publication.exact_until_ms),
-                    stale: false,
-                    input_range: publication.input_range.clone(),
-                    regions: publication.regions.clone(),
-                });
+                let version = self.next_version(&ranking.window, &ranking.scope)?;
+                records.push(publication.record(ranking, &as_of, version));
             }
         }
         meta.resume_offset = Some(self.merge.resume_offset(self.next_offset));

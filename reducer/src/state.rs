@@ -9,8 +9,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use topk_api::RankingRecord;
 use topk_api::assignment::AssignmentTable;
-use topk_api::record::{RegionCoverage, ShardOffset, SummaryRecord};
+use topk_api::record::{RegionCoverage, ShardOffset, SummaryRecord, exact_until};
+use topk_engine::event::format_rfc3339_ms;
 use topk_engine::summary::{KeyCount, ScopeItems, merge_known};
 use topk_engine::trend::TrendScore;
 use topk_engine::{EngineConfig, Ranking, ShardSummary};
@@ -174,6 +176,30 @@ pub struct Publication {
     /// When the last shard sent its summary of this end (the moment the last watermark passed
     /// the boundary, on the workers' clocks), if the records carried timestamps.
     pub summaries_sent_ms: Option<i64>,
+}
+
+impl Publication {
+    /// One of its lists as the version `version` served and stored, published at `as_of`.
+    pub fn record(&self, ranking: &Ranking, as_of: &str, version: u64) -> RankingRecord {
+        RankingRecord {
+            metric: ranking.metric.clone(),
+            scope: ranking.scope.clone(),
+            window: ranking.window.clone(),
+            window_start: ranking.window_start_ms.map(format_rfc3339_ms),
+            window_end: ranking.window_end_ms.map(format_rfc3339_ms),
+            items: ranking.items.clone(),
+            mode: ranking.mode.clone(),
+            max_overcount: ranking.max_overcount,
+            retries_may_count: ranking.retries_may_count,
+            watermark: format_rfc3339_ms(ranking.watermark_ms),
+            as_of: as_of.to_owned(),
+            version,
+            exact_until: exact_until(ranking, self.exact_until_ms),
+            stale: false,
+            input_range: self.input_range.clone(),
+            regions: self.regions.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

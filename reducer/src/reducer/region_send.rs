@@ -5,8 +5,9 @@ use topk_api::record::{RegionScope, RegionSummary};
 use topk_engine::summary::KeyCount;
 use topk_runtime::output::DeliveryCounter;
 
-use super::{Reducer, RegionOutputSettings};
+use super::Reducer;
 use crate::error::Error;
+use crate::settings::RegionOutputSettings;
 use crate::state::{Publication, ReducerConfig};
 
 /// Sends a regional reducer's lists to the global metric without ever waiting for it: when
