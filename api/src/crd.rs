@@ -21,7 +21,7 @@ pub fn crd() -> CustomResourceDefinition {
 pub fn crd_yaml() -> Result<String, ApiError> {
     let body = serde_saphyr::to_string(&crd()).map_err(|e| ApiError::Parse(e.to_string()))?;
     Ok(format!(
-        "# Generated from the Rust types in api/src/manifest.rs by `topk crd`; do not edit.\n{body}"
+        "# Generated from the Rust types in api/src/manifest/ by `topk crd`; do not edit.\n{body}"
     ))
 }
 
@@ -35,7 +35,7 @@ pub fn crd_helm_template() -> Result<String, ApiError> {
         .insert("helm.sh/resource-policy".into(), "keep".into());
     let body = serde_saphyr::to_string(&crd).map_err(|e| ApiError::Parse(e.to_string()))?;
     Ok(format!(
-        "# Generated from the Rust types in api/src/manifest.rs by `topk crd --helm`; do not edit.\n\
+        "# Generated from the Rust types in api/src/manifest/ by `topk crd --helm`; do not edit.\n\
          {{{{- if .Values.crds.install }}}}\n{body}{{{{- end }}}}\n"
     ))
 }
