@@ -15,9 +15,11 @@ pub mod record;
 pub mod report;
 pub mod rollback;
 pub mod topics;
+pub mod validated;
 
 pub use dataplane::{CONFIG_KEY, Component, DataPlaneConfig, DenyList, KafkaClients};
 pub use duration::Duration;
 pub use error::ApiError;
 pub use manifest::{DEFAULT_MANIFEST, TopKMetric, TopKMetricSpec, TopKMetricStatus, load_manifest};
 pub use record::{RankingIndexEntry, RankingRecord};
+pub use validated::ValidatedMetric;

@@ -18,7 +18,7 @@ use topk_api::manifest::{
 };
 use topk_api::record::ExactHourManifest;
 use topk_api::report::{self, ShardLoss};
-use topk_api::{DataPlaneConfig, TopKMetric, TopKMetricStatus};
+use topk_api::{ApiError, TopKMetric, TopKMetricStatus, ValidatedMetric};
 
 use crate::builders::{
     self, ATTEMPT_LABEL, CONFIG_HASH_ANNOTATION, Desired, HOUR_START_ANNOTATION,
@@ -117,8 +117,8 @@ pub struct Decision {
 
 /// Whether the reconcile acts on the cluster and Kafka at all: not while the spec is invalid
 /// or the metric paused.
-pub fn acts_on(metric: &TopKMetric) -> bool {
-    !metric.spec.paused && DataPlaneConfig::from_metric(metric).is_ok()
+pub fn acts_on(validated: &Result<ValidatedMetric<'_>, ApiError>) -> bool {
+    validated.as_ref().is_ok_and(|v| !v.metric.spec.paused)
 }
 
 /// The operator's default cluster for internal topics, from `--internal-kafka` (JSON, the
@@ -194,7 +194,17 @@ pub fn unreported_recount<'a>(previous: &TopKMetricStatus, jobs: &'a [Job]) -> O
         .map(|(_, job)| job)
 }
 
+/// What the cluster and the status should be, given everything one reconcile read.
 pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
+    decide_validated(o, &ValidatedMetric::of(&o.metric), settings)
+}
+
+/// [`decide`] with `o.metric` already validated by the caller (once per reconcile).
+pub fn decide_validated(
+    o: &Observation,
+    validated: &Result<ValidatedMetric<'_>, ApiError>,
+    settings: &Settings,
+) -> Result<Decision, Error> {
     let metric = &o.metric;
     let generation = metric.metadata.generation;
     let previous = metric.status.clone().unwrap_or_default();
@@ -226,27 +236,30 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
         requeue,
     };
 
-    if let Err(err) = DataPlaneConfig::from_metric(metric) {
-        if newly_degraded(&previous, "InvalidSpec") {
-            notes.push(Note::warning("InvalidSpec", err.to_string()));
+    let validated = match validated {
+        Ok(validated) => validated,
+        Err(err) => {
+            if newly_degraded(&previous, "InvalidSpec") {
+                notes.push(Note::warning("InvalidSpec", err.to_string()));
+            }
+            status.conditions = vec![
+                cond(
+                    "Ready",
+                    false,
+                    "InvalidSpec",
+                    "the spec is invalid; see Degraded".into(),
+                ),
+                cond(
+                    "Progressing",
+                    false,
+                    "InvalidSpec",
+                    "nothing is changed until the spec is fixed".into(),
+                ),
+                cond("Degraded", true, "InvalidSpec", err.to_string()),
+            ];
+            return Ok(hold(status, notes, None));
         }
-        status.conditions = vec![
-            cond(
-                "Ready",
-                false,
-                "InvalidSpec",
-                "the spec is invalid; see Degraded".into(),
-            ),
-            cond(
-                "Progressing",
-                false,
-                "InvalidSpec",
-                "nothing is changed until the spec is fixed".into(),
-            ),
-            cond("Degraded", true, "InvalidSpec", err.to_string()),
-        ];
-        return Ok(hold(status, notes, None));
-    }
+    };
     if metric.spec.paused {
         status.conditions = vec![
             cond(
@@ -289,7 +302,7 @@ pub fn decide(o: &Observation, settings: &Settings) -> Result<Decision, Error> {
     };
     let step = rescale.as_ref().map(|r| &r.step);
     let progress = step.and_then(|s| s.progress.clone());
-    let mut objects = builders::desired(metric, rescale.as_ref().map(|r| &r.rollout), settings)?;
+    let mut objects = builders::desired(validated, rescale.as_ref().map(|r| &r.rollout), settings)?;
     let secrets = o.kafka_secrets.as_deref();
     let mut rotated = Vec::new();
     let statefulsets = objects

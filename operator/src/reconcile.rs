@@ -22,7 +22,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use topk_api::manifest::{DeletionPolicy, INTERNAL_KAFKA_ANNOTATION};
-use topk_api::{TopKMetric, TopKMetricStatus};
+use topk_api::{TopKMetric, TopKMetricStatus, ValidatedMetric};
 
 use crate::builders::{self, Names, Settings};
 use crate::clock::{Clock, SystemClock};
@@ -214,17 +214,27 @@ async fn reconcile_inner(metric: &TopKMetric, ctx: &Context) -> Result<Action, E
     if let Some(action) = finalize(metric, &ns, ctx).await? {
         return Ok(action);
     }
-    let recorded = record_internal_kafka(metric, &ns, ctx).await?;
-    let metric = recorded.as_ref().unwrap_or(metric);
-    let observation = observe(metric, &ns, ctx).await?;
-    let decision = decide::decide(&observation, &ctx.settings)?;
+    // Validated once; again only when recording where its internal topics live changed it.
+    let validated = ValidatedMetric::of(metric);
+    let recorded = record_internal_kafka(metric, decide::acts_on(&validated), &ns, ctx).await?;
+    let (metric, validated) = match &recorded {
+        Some(recorded) => (recorded, ValidatedMetric::of(recorded)),
+        None => (metric, validated),
+    };
+    let observation = observe(metric, decide::acts_on(&validated), &ns, ctx).await?;
+    let decision = decide::decide_validated(&observation, &validated, &ctx.settings)?;
     act(metric, &ns, ctx, decision).await
 }
 
 /// Every read of one reconcile. Ensuring the Kafka topics is Kafka's apply and its
 /// observation at once: whether the broker holds the topics the spec needs is what the status
 /// reports, so it happens here, and not for a metric that is invalid or paused.
-async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observation, Error> {
+async fn observe(
+    metric: &TopKMetric,
+    acting: bool,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Observation, Error> {
     let mut observation = Observation {
         metric: metric.clone(),
         now: ctx.now(),
@@ -239,7 +249,7 @@ async fn observe(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Observa
         recount_jobs: Vec::new(),
         recount_pods: Vec::new(),
     };
-    if !decide::acts_on(metric) {
+    if !acting {
         return Ok(observation);
     }
     observation.kafka = match topics::kafka_credentials(&ctx.client, metric, ns).await {
@@ -446,10 +456,11 @@ async fn finalize(metric: &TopKMetric, ns: &str, ctx: &Context) -> Result<Option
 /// [`decide::internal_kafka_pin`]); returns the metric as written, when it wrote.
 async fn record_internal_kafka(
     metric: &TopKMetric,
+    acting: bool,
     ns: &str,
     ctx: &Context,
 ) -> Result<Option<TopKMetric>, Error> {
-    if decide::internal_kafka_known(metric) || !decide::acts_on(metric) {
+    if decide::internal_kafka_known(metric) || !acting {
         return Ok(None);
     }
     let workers: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), ns);

@@ -4,10 +4,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use topk_api::assignment::planner::plan;
-use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, load_manifest};
+use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, ValidatedMetric, load_manifest};
 use topk_operator::builders::{
-    CONFIG_HASH_ANNOTATION, Desired, PodTemplated, Rollout, Settings, Workers, desired, recount_job,
+    CONFIG_HASH_ANNOTATION, Desired, PodTemplated, Rollout, Settings, Workers, recount_job,
 };
+
+/// The objects of `metric`, validated as a reconcile does first.
+fn desired(
+    metric: &TopKMetric,
+    rollout: Option<&Rollout>,
+    settings: &Settings,
+) -> Result<Desired, topk_operator::error::Error> {
+    let validated = ValidatedMetric::of(metric)?;
+    topk_operator::builders::desired(&validated, rollout, settings)
+}
 
 fn fixture() -> TopKMetric {
     load_manifest(include_str!("fixtures/metric.yaml")).expect("fixture")

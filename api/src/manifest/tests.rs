@@ -64,6 +64,11 @@ fn a_global_metric_renders_its_regions_and_reads_only_its_internal_cluster() {
         ("", None)
     );
     assert_eq!(config.engine.shards, 1);
+    // What the operator builds: reducers only.
+    let validated = crate::ValidatedMetric::of(&metric).expect("valid");
+    assert_eq!(validated.workers, None);
+    assert_eq!((validated.combiners, validated.ingest), (None, None));
+    assert_eq!(validated.reducers.replicas, 1);
     let err = config.needs_input("worker").unwrap_err().to_string();
     assert!(err.contains("only `topk reducer` runs"), "{err}");
     let topics = crate::topics::metric_topics("topk", "plays-global", &metric.spec);

@@ -18,8 +18,10 @@ pub fn rendered_config(dir: &Path, manifest: &str, ns: &str) -> PathBuf {
         let table = topk_api::assignment::planner::plan(metric.spec.shards(), None, 1);
         topk_operator::builders::Rollout::settled(&metric, table)
     });
-    let desired = topk_operator::builders::desired(&metric, rollout.as_ref(), &Default::default())
-        .expect("the operator's objects");
+    let validated = topk_api::ValidatedMetric::of(&metric).expect("a valid metric");
+    let desired =
+        topk_operator::builders::desired(&validated, rollout.as_ref(), &Default::default())
+            .expect("the operator's objects");
     let rendered = desired.config.data.expect("config data")[topk_api::CONFIG_KEY].clone();
     let path = dir.join(topk_api::CONFIG_KEY);
     std::fs::write(&path, rendered).expect("write the rendered config");

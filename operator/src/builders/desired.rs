@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt;
+use topk_api::ValidatedMetric;
 use topk_api::assignment::ASSIGNMENT_KEY;
 pub use topk_api::dataplane::CONFIG_KEY;
 pub use topk_api::names::Names;
-use topk_api::{DataPlaneConfig, TopKMetric};
 
 use crate::error::Error;
 
@@ -17,15 +17,16 @@ use super::*;
 /// The objects of `metric`; `rollout` is the workers' (None for a global metric, which has
 /// none).
 pub fn desired(
-    metric: &TopKMetric,
+    validated: &ValidatedMetric<'_>,
     rollout: Option<&Rollout>,
     settings: &Settings,
 ) -> Result<Desired, Error> {
+    let metric = validated.metric;
+    let config = &validated.config;
     let names = Names::of(&metric.name_any());
-    let config = DataPlaneConfig::from_metric(metric)?;
     let data_plane = meta(metric, &names.data_plane, "data-plane")?;
     let workers = match rollout {
-        Some(rollout) => Some(workers(metric, &names, rollout, &config, settings)?),
+        Some(rollout) => Some(workers(validated, &names, rollout, settings)?),
         None => None,
     };
     let has_workers = workers.is_some();
@@ -50,7 +51,7 @@ pub fn desired(
                     rule(
                         "",
                         "configmaps",
-                        readable_config_maps(&config, has_workers),
+                        readable_config_maps(config, has_workers),
                         &["get", "list", "watch"],
                     ),
                     rule(
@@ -96,24 +97,24 @@ pub fn desired(
         },
         reducer_service: headless_service(metric, &names.reducer, "reducer")?,
         reducer: statefulset(
-            metric,
+            validated,
             &names,
-            Stateful::reducers(metric, &names, &config),
+            Stateful::reducers(validated, &names),
             settings,
         )?,
         reducer_pdb: pdb(metric, &names.reducer, "reducer")?,
-        ingest: ingest(metric, &names, &config, settings)?,
-        combiners: combiners(metric, &names, &config, settings)?,
+        ingest: ingest(validated, &names, settings)?,
+        combiners: combiners(validated, &names, settings)?,
     })
 }
 
 pub(super) fn workers(
-    metric: &TopKMetric,
+    validated: &ValidatedMetric<'_>,
     names: &Names,
     rollout: &Rollout,
-    config: &DataPlaneConfig,
     settings: &Settings,
 ) -> Result<Workers, Error> {
+    let metric = validated.metric;
     let table = serde_json::to_string_pretty(&rollout.table).map_err(Error::Build)?;
     let mut assignment = meta(metric, &names.assignment, "assignment")?;
     assignment.resource_version = rollout.replaces.clone();
@@ -127,9 +128,9 @@ pub(super) fn workers(
         reports: config_map(meta(metric, &names.worker_reports, "worker-reports")?, None),
         service: headless_service(metric, &names.worker, "worker")?,
         statefulset: statefulset(
-            metric,
+            validated,
             names,
-            Stateful::workers(metric, names, rollout.worker_replicas, config),
+            Stateful::workers(validated, names, rollout.worker_replicas),
             settings,
         )?,
         pdb: pdb(metric, &names.worker, "worker")?,

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use topk_api::kafka::SecretKey;
 use topk_api::manifest::StorageSpec;
 pub use topk_api::names::Names;
-use topk_api::{Component, DataPlaneConfig, TopKMetric};
+use topk_api::{Component, ValidatedMetric};
 
 use crate::error::Error;
 
@@ -34,49 +34,43 @@ pub(super) struct Stateful<'a> {
 }
 
 impl<'a> Stateful<'a> {
-    pub(super) fn workers(
-        metric: &TopKMetric,
-        names: &'a Names,
-        replicas: u32,
-        config: &DataPlaneConfig,
-    ) -> Self {
-        let spec = metric.spec.workers.as_ref();
+    pub(super) fn workers(metric: &ValidatedMetric<'_>, names: &'a Names, replicas: u32) -> Self {
+        let config = &metric.config;
+        let pods = metric.workers.as_ref();
         Self {
             component: "worker",
             name: &names.worker,
             replicas,
             secret_keys: config.kafka.secret_keys(),
             config_hash: config.rollout_hash(Component::Worker),
-            resources: spec
+            resources: pods
                 .and_then(|w| w.resources.clone())
                 .unwrap_or_else(|| default_resources(WORKER_RESOURCES)),
-            storage: spec.and_then(|w| w.storage.clone()),
+            storage: pods.and_then(|w| w.storage.clone()),
         }
     }
 
-    pub(super) fn reducers(
-        metric: &TopKMetric,
-        names: &'a Names,
-        config: &DataPlaneConfig,
-    ) -> Self {
-        let spec = metric.spec.reducers.as_ref();
+    pub(super) fn reducers(metric: &ValidatedMetric<'_>, names: &'a Names) -> Self {
+        let config = &metric.config;
+        let pods = &metric.reducers;
         Self {
             component: "reducer",
             name: &names.reducer,
-            replicas: spec.map_or(1, |r| r.replicas),
+            replicas: pods.replicas,
             // Reducers of a regional metric also connect to the global metric's cluster.
             secret_keys: config.reducer_secret_keys(),
             config_hash: config.rollout_hash(Component::Reducer),
-            resources: spec
-                .and_then(|r| r.resources.clone())
+            resources: pods
+                .resources
+                .clone()
                 .unwrap_or_else(|| default_resources(REDUCER_RESOURCES)),
-            storage: spec.and_then(|r| r.storage.clone()),
+            storage: pods.storage.clone(),
         }
     }
 }
 
 pub(super) fn statefulset(
-    metric: &TopKMetric,
+    validated: &ValidatedMetric<'_>,
     names: &Names,
     pods: Stateful<'_>,
     settings: &Settings,
@@ -90,9 +84,9 @@ pub(super) fn statefulset(
         resources,
         storage,
     } = pods;
+    let metric = validated.metric;
     let mut pod_labels = labels(metric, component);
     pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
-    let spec = &metric.spec;
     // Workers keep checkpoints, reducers the ranking store: both on a volume per pod.
     let state_claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -115,7 +109,7 @@ pub(super) fn statefulset(
         }),
         status: None,
     };
-    let retention = spec.volume_retention.unwrap_or_default();
+    let retention = validated.volume_retention;
     let mut main = http_container(container(component, &[], settings, resources));
     main.volume_mounts
         .get_or_insert_with(Vec::new)

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use topk_api::dataplane::KafkaConfig;
 pub use topk_api::names::Names;
-use topk_api::{Component, DataPlaneConfig, TopKMetric};
+use topk_api::{Component, TopKMetric, ValidatedMetric};
 
 use crate::error::Error;
 
@@ -59,20 +59,18 @@ pub(super) fn stateless_template(
 /// volume: a combiner's offsets are committed to Kafka with its sums), a headless Service
 /// and a disruption budget.
 pub(super) fn combiners(
-    metric: &TopKMetric,
+    validated: &ValidatedMetric<'_>,
     names: &Names,
-    config: &DataPlaneConfig,
     settings: &Settings,
 ) -> Result<Option<Combiners>, Error> {
     const COMPONENT: &str = "combiner";
-    let Some(combine) = config.combine.as_ref() else {
+    let Some(combine) = validated.combiners.as_ref() else {
         return Ok(None);
     };
-    let resources = metric
-        .spec
-        .combiners
-        .as_ref()
-        .and_then(|c| c.resources.clone())
+    let (metric, config) = (validated.metric, &validated.config);
+    let resources = combine
+        .resources
+        .clone()
         .unwrap_or_else(|| default_resources(COMBINER_RESOURCES));
     // Combiners read their config and Secrets from files and never call the API.
     let pod = tokenless_pod(names, "combine", settings, resources, &config.kafka);
@@ -105,15 +103,15 @@ pub(super) fn combiners(
 /// pod at a time (none taken away before its successor is ready, so producers keep a way in),
 /// a ClusterIP Service and a disruption budget.
 pub(super) fn ingest(
-    metric: &TopKMetric,
+    validated: &ValidatedMetric<'_>,
     names: &Names,
-    config: &DataPlaneConfig,
     settings: &Settings,
 ) -> Result<Option<Ingest>, Error> {
     const COMPONENT: &str = "ingest";
-    let Some(spec) = metric.spec.ingest.as_ref() else {
+    let Some(spec) = validated.ingest.as_ref() else {
         return Ok(None);
     };
+    let (metric, config) = (validated.metric, &validated.config);
     let resources = spec
         .resources
         .clone()
