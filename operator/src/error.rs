@@ -6,6 +6,13 @@ use thiserror::Error;
 pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// Reading or writing one of the metric's objects failed.
+    #[error("applying {kind} {name}: {source}")]
+    Apply {
+        kind: String,
+        name: String,
+        source: kube::Error,
+    },
     #[error("object is missing {0}")]
     MissingObjectKey(&'static str),
     #[error("building an object: {0}")]
@@ -22,6 +29,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Kube(_) => "kube",
+            Error::Apply { .. } => "apply",
             Error::MissingObjectKey(_) => "missing_key",
             Error::Build(_) => "build",
             Error::Assignment(..) => "assignment",

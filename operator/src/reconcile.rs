@@ -508,8 +508,13 @@ where
         .name
         .clone()
         .ok_or(Error::MissingObjectKey("metadata.name"))?;
+    let failed = |source| Error::Apply {
+        kind: K::kind(&K::DynamicType::default()).into_owned(),
+        name: name.clone(),
+        source,
+    };
     let api: Api<K> = Api::namespaced(client.clone(), ns);
-    let live = api.get_opt(&name).await?;
+    let live = api.get_opt(&name).await.map_err(failed)?;
     let live_hash = live
         .as_ref()
         .and_then(|l| l.meta().annotations.as_ref()?.get(APPLIED_HASH));
@@ -525,7 +530,8 @@ where
         &PatchParams::apply(MANAGER).force(),
         &Patch::Apply(&obj),
     )
-    .await?;
+    .await
+    .map_err(failed)?;
     Ok(true)
 }
 

@@ -477,7 +477,17 @@ async fn the_assignment_table_is_never_written_over_a_concurrent_change() {
     stale.metadata.name = Some("taps-assignment".into());
     stale.metadata.resource_version = read.metadata.resource_version.clone();
     match reconcile::apply(&client, &ns, stale).await {
-        Err(Error::Kube(kube::Error::Api(status))) => assert_eq!(status.code, 409),
+        Err(Error::Apply {
+            kind,
+            name,
+            source: kube::Error::Api(status),
+        }) => {
+            assert_eq!(status.code, 409);
+            assert_eq!(
+                (kind.as_str(), name.as_str()),
+                ("ConfigMap", "taps-assignment")
+            );
+        }
         other => panic!("a write over a concurrent change must conflict, got {other:?}"),
     }
     let now = configmaps.get("taps-assignment").await.expect("table");
