@@ -177,54 +177,44 @@ fn cell(text: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn committed_crd_is_current() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    /// Fails unless the committed file at `path` (from the repository root) is `want`;
+    /// under `TOPK_UPDATE_CRDS=1` it writes it first. `also` names another way to make it.
+    fn assert_current(path: &str, want: &str, also: &str) {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("..")
-            .join(CRD_PATH);
-        let want = crd_yaml().unwrap();
+            .join(path);
         if std::env::var("TOPK_UPDATE_CRDS").is_ok_and(|v| v == "1") {
-            std::fs::write(&path, &want).unwrap();
+            std::fs::write(&file, want).unwrap();
         }
-        let got = std::fs::read_to_string(&path).unwrap_or_default();
+        let got = std::fs::read_to_string(&file).unwrap_or_default();
         assert!(
             got == want,
-            "{CRD_PATH} is stale: regenerate it with `TOPK_UPDATE_CRDS=1 cargo test -p topk-api` or `topk crd > {CRD_PATH}`"
+            "{path} is stale: regenerate it with `TOPK_UPDATE_CRDS=1 cargo test -p topk-api`{also}"
         );
+    }
+
+    #[test]
+    fn committed_crd_is_current() {
+        let also = format!(" or `topk crd > {CRD_PATH}`");
+        assert_current(CRD_PATH, &crd_yaml().unwrap(), &also);
     }
 
     #[test]
     fn chart_crd_is_current() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join(CHART_CRD_PATH);
-        let want = crd_helm_template().unwrap();
-        if std::env::var("TOPK_UPDATE_CRDS").is_ok_and(|v| v == "1") {
-            std::fs::write(&path, &want).unwrap();
-        }
-        let got = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            got == want,
-            "{CHART_CRD_PATH} is stale: regenerate it with `TOPK_UPDATE_CRDS=1 cargo test -p topk-api` or `topk crd --helm > {CHART_CRD_PATH}`"
-        );
+        let also = format!(" or `topk crd --helm > {CHART_CRD_PATH}`");
+        assert_current(CHART_CRD_PATH, &crd_helm_template().unwrap(), &also);
     }
 
     #[test]
     fn committed_field_reference_is_current() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join(FIELD_REFERENCE_PATH);
         let want = field_reference();
-        if std::env::var("TOPK_UPDATE_CRDS").is_ok_and(|v| v == "1") {
-            std::fs::write(&path, &want).unwrap();
-        }
-        let got = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            got == want,
-            "{FIELD_REFERENCE_PATH} is stale: regenerate it with `TOPK_UPDATE_CRDS=1 cargo test -p topk-api`"
-        );
+        assert_current(FIELD_REFERENCE_PATH, &want, "");
         // Every spec field has a row, nested ones by their path.
-        for field in ["`spec.k`", "`spec.windows[].length`", "`spec.sketch.epsilon`"] {
+        for field in [
+            "`spec.k`",
+            "`spec.windows[].length`",
+            "`spec.sketch.epsilon`",
+        ] {
             assert!(want.contains(field), "no row for {field}");
         }
     }
