@@ -31,7 +31,7 @@ const INPUT_PARTITIONS: i32 = 3;
 const WAIT: Duration = Duration::from_secs(120);
 const HOT: &str = "viral";
 
-fn manifest(name: &str, bootstrap: &str, topic: &str) -> String {
+fn manifest(name: &str, bootstrap: &str, topic: &str, flush_interval: &str) -> String {
     let spec = format!(
         r#"
 shards: {SHARDS}
@@ -39,7 +39,7 @@ k: 1000
 maxKeyBytes: 32
 allowedLateness: 5s
 workers: {{checkpointInterval: 150ms, idleTimeout: 1s}}
-combiners: {{replicas: 2, flushInterval: 1s}}
+combiners: {{replicas: 2, flushInterval: {flush_interval}}}
 windows:
   - {{name: 1h, length: 1h, bucket: 1m}}
   - {{name: all, allTime: true, bucket: 1s}}
@@ -191,6 +191,10 @@ struct Metric {
 
 impl Metric {
     async fn create(env: &TestEnv) -> Self {
+        Self::with_flush_interval(env, "1s").await
+    }
+
+    async fn with_flush_interval(env: &TestEnv, flush_interval: &str) -> Self {
         let kafka = env.kafka_config();
         let ns = "test";
         let name = unique_name("combined");
@@ -202,7 +206,7 @@ impl Metric {
         let compacted = [("cleanup.policy", "compact")];
         create_topic(&kafka, &combine.offsets, 1, &compacted).await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let manifest = manifest(&name, &env.kafka_bootstrap, &input_topic);
+        let manifest = manifest(&name, &env.kafka_bootstrap, &input_topic, flush_interval);
         let config = common::rendered_config(dir.path(), &manifest, ns);
         Self {
             ns,
@@ -425,4 +429,74 @@ async fn input_deleted_before_the_combiners_read_it_is_counted_and_summing_goes_
         lost >= 1_000.0 && lost <= deleted as f64,
         "{lost} offsets lost, {deleted} deleted"
     );
+}
+
+/// Peak resident memory of process `pid` (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM");
+    kib * 1024
+}
+
+/// A flood of large garbage records (invalid JSON of 900 KB each, 515 MiB in all, as a
+/// misconfigured producer would send) between good events, read within one 10 s flush
+/// interval: each combiner stays far inside its pod's 1 GiB memory limit, dead-letters every
+/// bad record once, and sums the good ones exactly. (Held payloads are cut to the dead
+/// letters' size, and past 64 MiB held a combiner writes before the interval ends.)
+#[tokio::test]
+async fn a_flood_of_large_garbage_keeps_the_combiners_memory_bounded_and_sums_exact() {
+    const GARBAGE: usize = 600;
+    const GARBAGE_BYTES: usize = 900_000;
+    const PEAK_BOUND: u64 = 384 << 20;
+    let Some(env) = TestEnv::get("combiners under a garbage flood") else {
+        return;
+    };
+    let kafka = env.kafka_config();
+    let metric = Metric::with_flush_interval(&env, "10s").await;
+    let config_arg = metric.config.to_string_lossy().into_owned();
+    let serve =
+        |ordinal: &str| common::spawn(&["combine", "--config", &config_arg, "--ordinal", ordinal]);
+    let combiners = [serve("0"), serve("1")];
+    let mut input = Input::new(&kafka, &metric.input_topic);
+    let start = topk_runtime::now_ms() - 600_000;
+    input.produce(start, 1_000);
+    let garbage = "x".repeat(GARBAGE_BYTES);
+    for i in 0..GARBAGE {
+        input.send(&format!("session-{i}"), &garbage);
+    }
+    input
+        .producer
+        .flush(Duration::from_secs(60))
+        .expect("garbage delivered");
+    input.produce(start, 1_000);
+
+    let want = input.counts.clone();
+    await_some("the good events summed once", WAIT, || async {
+        let (costs, _) = partials(&kafka, &metric.combine.partials);
+        (costs == want).then_some(())
+    })
+    .await;
+    let topics = TopicNames::of(metric.ns, &metric.name);
+    let letters = await_some("every bad record dead-lettered", WAIT, || async {
+        let letters: usize = (0..SHARDS as i32)
+            .map(|p| read_partition(&kafka, &topics.dead_letters, p).len())
+            .sum();
+        (letters >= GARBAGE + input.bad_sent).then_some(letters)
+    })
+    .await;
+    assert_eq!(letters, GARBAGE + input.bad_sent, "each bad record once");
+    for combiner in &combiners {
+        let peak = peak_rss(combiner.child.id());
+        eprintln!("combiner peak RSS: {} MiB", peak >> 20);
+        assert!(
+            peak < PEAK_BOUND,
+            "peak RSS {} MiB under the flood (bound {} MiB)",
+            peak >> 20,
+            PEAK_BOUND >> 20
+        );
+    }
 }
