@@ -79,28 +79,58 @@ impl SnapshotRecords {
             .map(|(key, (id, payload))| (key.as_slice(), id, payload.as_slice()))
     }
 
-    /// The live keys of `shard`'s records of an epoch below `epoch`: manifests, and chunks
-    /// (whose snapshot id leads with its epoch). Once a manifest of `epoch` is on the topic,
-    /// no reader takes any of them.
+    /// The live keys of `shard`'s records of an epoch below `epoch`: manifests (by their key),
+    /// and chunks (whose snapshot id leads with its epoch) that no manifest of `epoch` or
+    /// newer names. Once a manifest of `epoch` is on the topic, no reader takes any of them.
     pub fn older_than(&self, shard: u32, epoch: u64) -> Vec<Vec<u8>> {
         let manifest_prefix = format!("{shard}@");
         let chunk_prefix = format!("{shard}/");
-        let epoch_of = |key: &[u8]| -> Option<u64> {
+        let kept: Vec<String> = self
+            .manifests(shard, |_| {})
+            .into_iter()
+            .filter(|m| m.epoch >= epoch)
+            .map(|m| m.snapshot_id)
+            .collect();
+        let older = |key: &[u8]| -> Option<bool> {
             let key = std::str::from_utf8(key).ok()?;
             if let Some(rest) = key.strip_prefix(&manifest_prefix) {
-                return rest.parse().ok();
+                return Some(rest.parse::<u64>().ok()? < epoch);
             }
-            let id = key.strip_prefix(&chunk_prefix)?;
-            id.split_once('-')?.0.parse().ok()
+            let (id, _) = key.strip_prefix(&chunk_prefix)?.rsplit_once('/')?;
+            let id_epoch: u64 = id.split_once('-')?.0.parse().ok()?;
+            Some(id_epoch < epoch && !kept.iter().any(|k| k == id))
         };
         let mut keys: Vec<Vec<u8>> = self
             .latest
             .keys()
-            .filter(|key| epoch_of(key).is_some_and(|e| e < epoch))
+            .filter(|key| older(key) == Some(true))
             .cloned()
             .collect();
         keys.sort();
         keys
+    }
+
+    /// `shard`'s readable manifests, each under its own epoch's key; `skipped` hears of the
+    /// others.
+    fn manifests(&self, shard: u32, mut skipped: impl FnMut(Skipped<'_>)) -> Vec<SnapshotManifest> {
+        let prefix = format!("{shard}@");
+        let mut manifests = Vec::new();
+        for (key, (_, value)) in &self.latest {
+            let Some(key_epoch) = key.strip_prefix(prefix.as_bytes()) else {
+                continue;
+            };
+            match serde_json::from_slice::<SnapshotManifest>(value) {
+                Ok(manifest) if key_epoch == manifest.epoch.to_string().as_bytes() => {
+                    manifests.push(manifest)
+                }
+                Ok(manifest) => skipped(Skipped::Unreadable(format!(
+                    "a manifest of epoch {} under the key of another",
+                    manifest.epoch
+                ))),
+                Err(err) => skipped(Skipped::Unreadable(err.to_string())),
+            }
+        }
+        manifests
     }
 
     /// The newest epoch's snapshot of `shard` whose manifest names chunks that are all there
@@ -112,18 +142,8 @@ impl SnapshotRecords {
         decode: impl Fn(&[u8]) -> Result<T, String>,
         mut skipped: impl FnMut(Skipped<'_>),
     ) -> Option<Chosen<T>> {
-        let prefix = format!("{shard}@");
-        let mut manifests: Vec<SnapshotManifest> = Vec::new();
-        for (key, (_, value)) in &self.latest {
-            if !key.starts_with(prefix.as_bytes()) {
-                continue;
-            }
-            match serde_json::from_slice(value) {
-                Ok(manifest) => manifests.push(manifest),
-                Err(err) => skipped(Skipped::Unreadable(err.to_string())),
-            }
-        }
-        // Newest epoch first; within one (a key holds one manifest) the order is the key's.
+        let mut manifests = self.manifests(shard, &mut skipped);
+        // Newest epoch first (a key holds one manifest, so one per epoch).
         manifests.sort_by_key(|m| std::cmp::Reverse(m.epoch));
         for manifest in manifests {
             let decoded = self
