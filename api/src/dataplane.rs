@@ -238,6 +238,14 @@ pub struct ReducerTuning {
     pub keep_for: Duration,
     /// How often replica 0 writes the ranking summary into the TopKMetric status at most.
     pub status_interval: Duration,
+    /// Reducer replicas. Above one, replica 0 (the writer) appends what it publishes to the
+    /// rankings topic and the others serve what they read there.
+    #[serde(default = "one_replica")]
+    pub replicas: u32,
+}
+
+fn one_replica() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -412,6 +420,7 @@ impl DataPlaneConfig {
                     .and_then(|r| r.keep_for)
                     .unwrap_or(DEFAULT_KEEP_FOR),
                 status_interval: DEFAULT_STATUS_INTERVAL,
+                replicas: reducers.map_or(1, |r| r.replicas),
             },
             recount: RecountConfig {
                 grace: Duration::from_millis(recount.grace_ms),
@@ -1020,7 +1029,7 @@ mod tests {
                 "reducers.replicas",
                 "/reducers/replicas",
                 json!(2),
-                OperatorOnly("the StatefulSet's replicas"),
+                Restarts(&[Component::Reducer]),
             ),
             (
                 "ingest.replicas",

@@ -15,6 +15,9 @@ pub struct TopicNames {
     pub exact_hours: String,
     /// Rejected events with their reason.
     pub dead_letters: String,
+    /// What the writing reducer publishes, for the other replicas: compacted (see
+    /// `topk_reducer::log`).
+    pub rankings: String,
 }
 
 impl TopicNames {
@@ -25,6 +28,7 @@ impl TopicNames {
             snapshots: topic("snapshots"),
             exact_hours: topic("exact-hours"),
             dead_letters: topic("dead-letters"),
+            rankings: topic("rankings"),
         }
     }
 }
@@ -143,7 +147,8 @@ impl InternalTopic {
 /// The internal topics of a TopKMetric, namespaced so that equal names in two namespaces do
 /// not collide: summaries (worker -> reducer, records of up to `summary_record_bytes`), shard
 /// snapshots (handoff, compacted, one partition per shard), exact hours (recount, compacted)
-/// and dead letters; with `combine`, also the combiners' partials (one partition per shard)
+/// dead letters and the rankings log (compacted, list records as large as summaries); with
+/// `combine`, also the combiners' partials (one partition per shard)
 /// and offsets (compacted).
 pub fn internal_topics(
     namespace: &str,
@@ -181,6 +186,15 @@ pub fn internal_topics(
             exact_partitions: false,
             ..topic(names.dead_letters, shards.min(16), false)
         },
+        // Read whole by a new replica: compacted early, as the snapshots.
+        InternalTopic {
+            batch_bytes: summary_batch_bytes(summary_record_bytes),
+            tuning: vec![
+                ("segment.ms", "3600000"),
+                ("min.cleanable.dirty.ratio", "0.1"),
+            ],
+            ..topic(names.rankings, 1, true)
+        },
     ];
     if combine {
         let combine = CombineTopics::of(namespace, name);
@@ -191,8 +205,8 @@ pub fn internal_topics(
 }
 
 /// The internal topics of the metric `spec` describes: [`internal_topics`], or for a global
-/// metric only those its reducers read: summaries (the regions' lists) and exact hours (empty:
-/// a global metric recounts nothing, but every reducer reads the topic).
+/// metric only those its reducers use: summaries (the regions' lists), exact hours (empty:
+/// a global metric recounts nothing, but every reducer reads the topic) and the rankings log.
 pub fn metric_topics(namespace: &str, name: &str, spec: &TopKMetricSpec) -> Vec<InternalTopic> {
     let mut topics = internal_topics(
         namespace,
@@ -203,7 +217,8 @@ pub fn metric_topics(namespace: &str, name: &str, spec: &TopKMetricSpec) -> Vec<
     );
     if spec.is_global() {
         let names = TopicNames::of(namespace, name);
-        topics.retain(|t| t.name == names.summaries || t.name == names.exact_hours);
+        topics
+            .retain(|t| [&names.summaries, &names.exact_hours, &names.rankings].contains(&&t.name));
     }
     topics
 }
@@ -234,8 +249,8 @@ mod tests {
     #[test]
     fn wrong_partitions_policy_or_size_are_each_named() {
         let topics = internal_topics("ns", "m", 4, false, 2 << 20);
-        let [summaries, snapshots, _, dead_letters] = &topics[..] else {
-            panic!("four topics: {topics:?}");
+        let [summaries, snapshots, _, dead_letters, _] = &topics[..] else {
+            panic!("five topics: {topics:?}");
         };
         let settings = HashMap::from([
             ("cleanup.policy", "compact,delete"),

@@ -23,6 +23,7 @@ pub async fn reducer(args: ReducerArgs) -> Result<(), CliError> {
     let (config, kafka) = common.config.load()?;
     let mut settings = topk_reducer::settings(&config, kafka.internal);
     settings.state_dir = common.state_dir.clone();
+    settings.replica = common.ordinal().unwrap_or(0);
     // A global metric on another cluster: its clients connect the way the config says.
     if let (Some(output), Some(cluster)) = (
         settings.region_output.as_mut(),

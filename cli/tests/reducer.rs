@@ -1259,3 +1259,146 @@ fn a_list_says_when_a_retry_may_be_counted_twice() {
         }
     }
 }
+
+/// The `window` list of the global scope and its history at `base`, without the per-replica
+/// `stale` flag: what two replicas must agree on.
+fn list_and_history(base: &str, window: &str) -> Option<(Value, Value)> {
+    let (status, body) = common::get(&format!("{base}/v1/rankings/plays?window={window}&scope="));
+    let mut list: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+    list.as_object_mut()?.remove("stale");
+    let (status, body) = common::get(&format!(
+        "{base}/v1/rankings/plays/history?window={window}&scope=&limit=1000"
+    ));
+    let history: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+    Some((list, history))
+}
+
+/// Waits until every replica at `bases` serves the oracle `want` in the all-time window with
+/// the same list, version and history in each window; returns the all-time list and history.
+fn await_one_history(
+    bases: &[&str],
+    want: &BTreeMap<String, Vec<(String, u64)>>,
+    what: &str,
+) -> (Value, Value) {
+    for base in bases {
+        await_all_time(base, want, what);
+    }
+    let mut agreed = None;
+    for window in ["1h", "all"] {
+        agreed = Some(common::await_some(
+            &format!("the replicas' {window} lists and histories to agree ({what})"),
+            WAIT,
+            || {
+                let seen: Vec<(Value, Value)> = bases
+                    .iter()
+                    .map(|base| list_and_history(base, window))
+                    .collect::<Option<_>>()?;
+                let (list, _) = &seen[0];
+                let (items, wanted) = (list_items(list), &want[""]);
+                (seen.iter().all(|s| *s == seen[0]) && (window != "all" || &items == wanted))
+                    .then(|| seen[0].clone())
+            },
+        ));
+    }
+    agreed.expect("two windows")
+}
+
+/// Two reducer replicas behind one Service must be one history: replica 0 merges and appends
+/// what it publishes to the ranking log; replica 1 serves what it reads there. Both answer
+/// with the same versions, `?version=N` and history, also after either is SIGKILLed and
+/// restarted, and a replica started on an empty volume gets the whole history from the log.
+#[test]
+fn reducer_replicas_serve_one_history_through_kills_and_a_new_volume() {
+    let Some(env) = TestEnv::get("two reducer replicas") else {
+        return;
+    };
+    let metric = NewMetric::create(
+        &env,
+        "replicas",
+        &format!(
+            r#"
+shards: {SHARDS}
+k: 10
+allowedLateness: 200ms
+reducers: {{replicas: 2}}
+workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}
+windows:
+  - {{name: 1h, length: 1h, bucket: 1s}}
+  - {{name: all, allTime: true, bucket: 1s}}
+"#
+        ),
+    );
+    let mut stack = common::Stack::start(metric.dir.path(), &metric.config);
+    let _workers = [stack.worker(0), stack.worker(1)];
+    let follower = stack.replica(1);
+    let producer = producer(&env);
+    let (mut counts, mut time) = (BTreeMap::new(), 0);
+
+    send_plays(&producer, &metric.input, &mut counts, 2_000, &mut time);
+    let (first, history) = await_one_history(
+        &[&stack.reducer.base, &follower.base],
+        &oracle(&counts, &[], 10),
+        "first events",
+    );
+    // An earlier version by number is the same record on both.
+    let versions = history["versions"].as_array().expect("versions");
+    assert!(versions.len() >= 2, "{history}");
+    let earlier = versions[versions.len() / 2]["version"]
+        .as_u64()
+        .expect("version");
+    let by_version = |base: &str| {
+        let (status, body) = common::get(&format!(
+            "{base}/v1/rankings/plays?window=all&scope=&version={earlier}"
+        ));
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).expect("json")
+    };
+    assert_eq!(by_version(&stack.reducer.base), by_version(&follower.base));
+
+    // The follower killed while the writer publishes: it reads on from where it was.
+    drop(follower);
+    send_plays(&producer, &metric.input, &mut counts, 2_000, &mut time);
+    let follower = stack.replica(1);
+    await_one_history(
+        &[&stack.reducer.base, &follower.base],
+        &oracle(&counts, &[], 10),
+        "after the follower's restart",
+    );
+
+    // The writer killed: the follower goes on serving what it served; events sent meanwhile
+    // are published once the writer is back, numbered on from what both served.
+    let served_before = list_and_history(&follower.base, "all").expect("served").0;
+    stack.restart_reducer_after(|| {
+        let (status, body) = common::get(&format!(
+            "{}/v1/rankings/plays?window=all&scope=",
+            follower.base
+        ));
+        assert_eq!(status, 200, "{body}");
+        let mut served: Value = serde_json::from_str(&body).expect("json");
+        served.as_object_mut().expect("object").remove("stale");
+        assert_eq!(served, served_before);
+        send_plays(&producer, &metric.input, &mut counts, 2_000, &mut time);
+    });
+    let (last, _) = await_one_history(
+        &[&stack.reducer.base, &follower.base],
+        &oracle(&counts, &[], 10),
+        "after the writer's restart",
+    );
+    assert!(
+        last["version"].as_u64() > first["version"].as_u64(),
+        "{last}"
+    );
+
+    // A replica on an empty volume (a new pod, a lost disk) has the whole history.
+    let fresh = stack.replica(2);
+    await_one_history(
+        &[&stack.reducer.base, &follower.base, &fresh.base],
+        &oracle(&counts, &[], 10),
+        "on a new volume",
+    );
+    let (_, metrics) = common::get(&format!("{}/metrics", fresh.base));
+    assert!(
+        common::metric(&metrics, "topk_reducer_log_changes_applied_total").is_some_and(|n| n > 0.0),
+        "{metrics}"
+    );
+}

@@ -943,12 +943,15 @@ async fn a_takedown_leaves_the_lists_live_and_lifting_it_brings_the_key_back() {
     let Some(cluster) = Cluster::get("takedown").await else {
         return;
     };
-    let (scenario, topic) = cluster.start("takedown").await;
+    // Two reducer replicas: what one serves, the other serves too.
+    let (scenario, topic) = cluster
+        .start_with("takedown", "reducers: {replicas: 2}")
+        .await;
     let ns = scenario.ns.as_str();
     let mut counts = BTreeMap::new();
     play_round(&cluster, ns, &topic, &mut counts, 0).await;
     let pods = data_plane_pods(&cluster, ns).await;
-    assert_eq!(pods.len(), 3, "two workers and a reducer: {pods:?}");
+    assert_eq!(pods.len(), 4, "two workers and two reducers: {pods:?}");
     let metrics: Api<TopKMetric> = Api::namespaced(cluster.client.clone(), ns);
     let patch = |spec: Value| {
         let metrics = metrics.clone();
@@ -1004,7 +1007,8 @@ async fn a_takedown_leaves_the_lists_live_and_lifting_it_brings_the_key_back() {
         pods,
         "takedowns restart no pod"
     );
-    let reducer = format!("{}-0", topk_api::names::Names::of("plays").reducer);
+    let reducer_set = topk_api::names::Names::of("plays").reducer;
+    let reducer = format!("{reducer_set}-0");
     let denied = cluster
         .pod_metric(ns, &reducer, 8080, "topk_reducer_denied_keys")
         .await;
@@ -1074,6 +1078,108 @@ async fn a_takedown_leaves_the_lists_live_and_lifting_it_brings_the_key_back() {
     ]);
     let earlier: Value = serde_json::from_str(&earlier).expect("kubectl topk get --version");
     assert_eq!(earlier["version"], back);
+
+    // Both replicas know the rollback and both versions alike: replica 1 took them from
+    // replica 0's ranking log.
+    let replicas = [format!("{reducer_set}-0"), format!("{reducer_set}-1")];
+    let both = |query: String| {
+        let replicas = replicas.clone();
+        let cluster = &cluster;
+        async move {
+            let mut answers = Vec::new();
+            for pod in &replicas {
+                answers.push(replica_list(cluster, ns, pod, &query).await?);
+            }
+            (answers[0] == answers[1]).then(|| answers.swap_remove(0))
+        }
+    };
+    for version in [back, back + 1] {
+        let query = format!("window=all&version={version}");
+        let answer = await_some(
+            &format!("version {version} alike on both replicas"),
+            WAIT,
+            || both(query.clone()),
+        )
+        .await;
+        assert_eq!(answer["version"], version);
+    }
+    // The served pointer alike on both (the rollback's, or a publication since).
+    await_some("the served list alike on both replicas", WAIT, || {
+        both("window=all".to_owned())
+    })
+    .await;
+    assert!(
+        replica_history(&cluster, ns, &replicas[1]).await.is_some(),
+        "replica 1 serves the history"
+    );
+
+    // Replica 0 killed under queries: the Service keeps answering (from replica 1), and every
+    // version answered reads back the same from both replicas once replica 0 is back.
+    let reducer_pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let old = reducer_pods.get(&replicas[0]).await.expect("replica 0");
+    reducer_pods
+        .delete(&replicas[0], &DeleteParams::default().grace_period(0))
+        .await
+        .expect("kill replica 0");
+    let mut answered = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(list) = cluster.list(ns, "plays", "all").await
+            && let Some(version) = list["version"].as_u64()
+        {
+            answered.insert(version);
+        }
+        if let Ok(Some(pod)) = reducer_pods.get_opt(&replicas[0]).await
+            && pod.uid() != old.uid()
+            && pod_ready(&pod)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for replica 0 back and ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!answered.is_empty(), "no answer while replica 0 was down");
+    for version in answered {
+        let query = format!("window=all&version={version}");
+        await_some(
+            &format!("answered version {version} alike on both replicas"),
+            WAIT,
+            || both(query.clone()),
+        )
+        .await;
+    }
+    await_some("one history on both replicas", WAIT, || async {
+        let first = replica_history(&cluster, ns, &replicas[0]).await?;
+        (Some(&first) == replica_history(&cluster, ns, &replicas[1]).await.as_ref()).then_some(())
+    })
+    .await;
+}
+
+/// `GET /v1/rankings/plays?QUERY` of one reducer pod, through the pod proxy, without its own
+/// `stale` flag.
+async fn replica_list(cluster: &Cluster, ns: &str, pod: &str, query: &str) -> Option<Value> {
+    let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:8080/proxy/v1/rankings/plays?{query}");
+    let request = http::Request::get(path).body(Vec::new()).ok()?;
+    let text = cluster.client.request_text(request).await.ok()?;
+    let mut list: Value = serde_json::from_str(&text).ok()?;
+    list.as_object_mut()?.remove("stale");
+    list.get("version")?;
+    Some(list)
+}
+
+/// The all-time global list's history on one reducer pod.
+async fn replica_history(cluster: &Cluster, ns: &str, pod: &str) -> Option<Value> {
+    let path = format!(
+        "/api/v1/namespaces/{ns}/pods/{pod}:8080/proxy/v1/rankings/plays/history?window=all&scope=&limit=1000"
+    );
+    let request = http::Request::get(path).body(Vec::new()).ok()?;
+    let text = cluster.client.request_text(request).await.ok()?;
+    let history: Value = serde_json::from_str(&text).ok()?;
+    history.get("versions")?;
+    Some(history)
 }
 
 #[tokio::test]

@@ -18,6 +18,8 @@ pub enum Error {
     },
     #[error("exact hour {hour}: {reason}")]
     IncompleteHour { hour: String, reason: String },
+    #[error("{0} ranking log changes not delivered; nothing of them was published")]
+    LogUndelivered(u64),
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("kubernetes API: {0}")]

@@ -6,6 +6,7 @@ pub mod deny;
 pub mod error;
 pub mod exact;
 pub mod hours;
+pub mod log;
 pub mod merge;
 pub mod metrics;
 pub mod points;
@@ -67,6 +68,9 @@ pub fn settings(config: &DataPlaneConfig, kafka: KafkaProperties) -> ReducerSett
             record_bytes: config.worker.max_summary_record_bytes as usize,
         }),
         regions: config.regions.clone(),
+        replica: 0,
+        replicas: tuning.replicas.max(1),
+        max_record_bytes: config.worker.max_summary_record_bytes as usize,
     }
 }
 
@@ -176,15 +180,17 @@ pub async fn run(
             ));
         }
         ControlPlane::Kubernetes { client, namespace } => {
-            tokio::spawn(rollback::watch_requests(
-                shared.clone(),
-                rollback::RollbackTarget {
-                    client: client.clone(),
-                    namespace: namespace.clone(),
-                    name: settings.name.clone(),
-                    report: status.is_some(),
-                },
-            ));
+            if !settings.follows() {
+                tokio::spawn(rollback::watch_requests(
+                    shared.clone(),
+                    rollback::RollbackTarget {
+                        client: client.clone(),
+                        namespace: namespace.clone(),
+                        name: settings.name.clone(),
+                        report: status.is_some(),
+                    },
+                ));
+            }
             tokio::spawn(topk_runtime::control::watch_configmap(
                 client.clone(),
                 namespace.clone(),
@@ -208,6 +214,24 @@ pub async fn run(
             tracing::error!(%err, "HTTP server stopped");
         }
     });
+    if settings.follows() {
+        let mut follower = log::Follower::new(settings, shared)?;
+        return topk_runtime::harness::run_until(
+            "following",
+            "stopping",
+            topk_runtime::shutdown_signal(),
+            move |stop| follower.run(stop),
+        )
+        .await;
+    }
+    if settings.writes_log() {
+        let (log_settings, log_shared) = (settings.clone(), shared.clone());
+        tokio::task::spawn_blocking(move || log::start_writer(&log_settings, &log_shared))
+            .await
+            .map_err(|err| Error::Config(format!("starting the ranking log: {err}")))??;
+    } else {
+        shared.store.forget_log_offset()?;
+    }
     let mut reducer = Reducer::new(settings, shared, table_rx, deny_rx)?;
     topk_runtime::harness::run_until(
         "merging",

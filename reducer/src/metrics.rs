@@ -49,6 +49,9 @@ pub struct ReducerMetrics {
     pub unreadable_summaries: Counter,
     pub versions_published: Counter,
     pub lists_expired: Counter,
+    pub log_changes_applied: Counter,
+    pub log_changes_rejected: Counter,
+    pub log_lag: Gauge,
     pub publish_seconds: Histogram,
     pub publication_delay_seconds: Family<WindowLabel, Histogram, fn() -> Histogram>,
     pub missing_shard: Family<MissingLabel, Gauge>,
@@ -107,6 +110,9 @@ impl Default for ReducerMetrics {
             unreadable_summaries: Counter::default(),
             versions_published: Counter::default(),
             lists_expired: Counter::default(),
+            log_changes_applied: Counter::default(),
+            log_changes_rejected: Counter::default(),
+            log_lag: Gauge::default(),
             publish_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             publication_delay_seconds: Family::new_with_constructor(publication_delay_histogram),
             missing_shard: Family::default(),
@@ -188,6 +194,21 @@ impl Default for ReducerMetrics {
             "lists_expired",
             "Lists deleted after staying empty for keepFor (their scopes left every window)",
             m.lists_expired.clone(),
+        );
+        r.register(
+            "log_changes_applied",
+            "Ranking log changes (versions, pointers, deletions) a follower took into its store",
+            m.log_changes_applied.clone(),
+        );
+        r.register(
+            "log_changes_rejected",
+            "Ranking log records skipped: not a version or pointer of this metric's lists",
+            m.log_changes_rejected.clone(),
+        );
+        r.register(
+            "log_lag",
+            "Ranking log records a follower has not applied yet",
+            m.log_lag.clone(),
         );
         r.register(
             "publish_seconds",

@@ -9,7 +9,7 @@ mod retention;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::Message;
@@ -29,6 +29,7 @@ use self::region_send::RegionSender;
 use crate::error::Error;
 use crate::exact::{Grade, refreshed_start};
 use crate::hours::Hours;
+use crate::log::LogWriter;
 use crate::merge::{self, Merge, Missing};
 use crate::metrics::{ReducerMetrics, WindowLabel};
 use crate::settings::ReducerSettings;
@@ -55,6 +56,9 @@ pub struct Shared {
     pub grades: Mutex<VecDeque<Grade>>,
     /// The hours read (and checked) when the store was opened, for the reducer to take.
     loaded_hours: Mutex<Option<Hours>>,
+    /// The writer of a replicated metric's ranking log: every change to the lists goes there
+    /// first (see [`crate::log`]).
+    pub log: OnceLock<LogWriter>,
 }
 
 pub struct Reducer {
@@ -137,6 +141,7 @@ pub fn open_shared(settings: &ReducerSettings) -> Result<Arc<Shared>, Error> {
         ready: AtomicBool::new(false),
         grades: Mutex::new(VecDeque::new()),
         loaded_hours: Mutex::new(Some(hours)),
+        log: OnceLock::new(),
     });
     Ok(shared)
 }
@@ -466,8 +471,17 @@ impl Reducer {
         }
         meta.resume_offset = Some(self.merge.resume_offset(self.next_offset));
         let store = &self.shared.store;
-        store.write_versions(&records)?;
-        store.point(&records, &meta)?;
+        let write = |log_offset: Option<i64>| {
+            store.write_versions(&records)?;
+            store.point(&records, &Meta { log_offset, ..meta })
+        };
+        match self.shared.log.get() {
+            Some(log) if !records.is_empty() => log
+                .append_then(&store.publication_changes(&records)?, |offset| {
+                    write(Some(offset))
+                })?,
+            _ => write(None)?,
+        }
         let metrics = &self.shared.metrics;
         metrics.versions_published.inc_by(records.len() as u64);
         self.retention_due

@@ -1,7 +1,8 @@
 //! Rollback requests from the `topk.io/rollback` annotation of the reducer's TopKMetric
-//! (see `topk_api::rollback`). Every replica acts on a request once: the handled request is
-//! recorded in its ranking store with the pointer it moved. The first replica also reports
-//! the result in `status.lastRollback` and as an Event.
+//! (see `topk_api::rollback`). Replica 0 acts on a request once: the handled request is
+//! recorded in its ranking store with the pointer it moved, which the other replicas take from
+//! the ranking log (see [`crate::log`]). It reports the result in `status.lastRollback` and as
+//! an Event.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +38,15 @@ pub fn handle(shared: &Shared, text: &str, now_ms: i64) -> Result<Option<Rollbac
         }
         Ok(request) => {
             let (window, scope, version) = (&request.window, &request.scope, request.version);
-            match shared.store.rollback(window, scope, version, text) {
+            // The followers take the move from the ranking log, before this replica makes it.
+            let roll = |_| shared.store.rollback(window, scope, version, text);
+            let rolled = match shared.log.get() {
+                Some(log) if shared.store.get(window, scope, version)?.is_some() => {
+                    log.append_then(&[shared.store.pointer_change(window, scope, version)], roll)
+                }
+                _ => roll(0),
+            };
+            match rolled {
                 Ok(record) => {
                     shared.served.put([record]);
                     let message = format!(

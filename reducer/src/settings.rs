@@ -33,6 +33,12 @@ pub struct ReducerSettings {
     pub region_output: Option<RegionOutputSettings>,
     /// A global metric's: the regions it merges (their summaries replace the shards').
     pub regions: Option<RegionInputs>,
+    /// This replica's ordinal: 0 merges and writes, the others follow its ranking log.
+    pub replica: u32,
+    /// The metric's reducer replicas: above one, replica 0 keeps the ranking log.
+    pub replicas: u32,
+    /// The largest record topk writes to its topics (a list in the ranking log included).
+    pub max_record_bytes: usize,
 }
 
 /// Where a regional reducer sends its lists: the global metric's summaries topic.
@@ -64,6 +70,23 @@ impl ReducerSettings {
         self.merge.trending_list() != Some(window)
             && self.bucket_ms.get(window).is_some_and(|b| whole_hours(*b))
             && length.is_none_or(whole_hours)
+    }
+
+    /// How long a window may go without a new list before its lists are stale: `stale_after`,
+    /// or two of its buckets if longer.
+    pub fn stale_threshold(&self, window: usize) -> Duration {
+        let bucket = self.bucket_ms.get(window).copied().unwrap_or(0).max(0) as u64;
+        self.stale_after.max(Duration::from_millis(2 * bucket))
+    }
+
+    /// Whether this replica follows another's ranking log instead of merging.
+    pub fn follows(&self) -> bool {
+        self.replica > 0
+    }
+
+    /// Whether this replica writes the ranking log.
+    pub fn writes_log(&self) -> bool {
+        self.replica == 0 && self.replicas > 1
     }
 
     /// Keys kept per scope of an exact hour as candidates and for grading.

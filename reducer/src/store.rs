@@ -5,6 +5,8 @@
 //! `v | metric | window | scope | version (u64 BE)` -> the record as JSON,
 //! `p | metric | window | scope` -> the version readers get,
 //! `m | name` -> reducer bookkeeping (published window ends, resume offsets).
+//! The version and pointer writes are also what the ranking log carries between replicas
+//! ([`Change`], see [`crate::log`]).
 //! The exact and streaming hours live in the same database (see [`crate::hours`]).
 //! A crash after writing versions and before moving pointers leaves readers on the previous
 //! versions; the orphaned versions are never pointed to and age out with retention.
@@ -27,6 +29,35 @@ const RESUME_KEY: &str = "resume-offset";
 const VERSION_FLOOR_KEY: &str = "version-floor";
 /// The text of the newest rollback request handled, so that a restart does not act again.
 const ROLLBACK_KEY: &str = "rollback-request";
+/// The ranking log's offset this store has every change below of.
+const LOG_OFFSET_KEY: &str = "log-offset";
+
+/// A stored key and its value.
+type KeyValue = (Box<[u8]>, Box<[u8]>);
+
+/// One write of a list's version or pointer, as the ranking log carries it: the store key and
+/// its new value, or `None` for a deletion.
+pub type Change = (Vec<u8>, Option<Vec<u8>>);
+
+/// What a change read from the log did to what a replica serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListChange {
+    /// The list's pointer moved: serve its pointed version.
+    Pointed { window: String, scope: String },
+    /// The list was deleted.
+    Removed { window: String, scope: String },
+}
+
+impl ListChange {
+    /// The list changed: (window, scope).
+    pub fn into_list(self) -> (String, String) {
+        match self {
+            ListChange::Pointed { window, scope } | ListChange::Removed { window, scope } => {
+                (window, scope)
+            }
+        }
+    }
+}
 
 /// Reducer bookkeeping written with the pointers it belongs to.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -35,6 +66,8 @@ pub struct Meta {
     pub published_ends: BTreeMap<String, i64>,
     /// Summaries topic offset a restart reads from.
     pub resume_offset: Option<i64>,
+    /// The ranking log's offset after this publication's changes (the writer's).
+    pub log_offset: Option<i64>,
 }
 
 /// Which versions of one list to keep.
@@ -106,6 +139,19 @@ impl RankingStore {
         key
     }
 
+    /// The records whose keys start with `prefix`, in key order.
+    fn prefixed<'a>(
+        &'a self,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = Result<KeyValue, rocksdb::Error>> + 'a {
+        self.db
+            .iterator(IteratorMode::From(prefix, Direction::Forward))
+            .take_while(move |item| {
+                item.as_ref()
+                    .map_or(true, |(key, _)| key.starts_with(prefix))
+            })
+    }
+
     pub(crate) fn meta_key(name: &str) -> Vec<u8> {
         let mut key = vec![META];
         key.extend_from_slice(name.as_bytes());
@@ -141,8 +187,143 @@ impl RankingStore {
         if let Some(offset) = meta.resume_offset {
             batch.put(Self::meta_key(RESUME_KEY), offset.to_be_bytes());
         }
+        if let Some(offset) = meta.log_offset {
+            batch.put(Self::meta_key(LOG_OFFSET_KEY), offset.to_be_bytes());
+        }
         self.db.write_opt(batch, &sync())?;
         Ok(())
+    }
+
+    /// The changes that publish `records`: their versions, then the pointers to them (the
+    /// order a reader must apply them in).
+    pub fn publication_changes(&self, records: &[RankingRecord]) -> Result<Vec<Change>, Error> {
+        let mut changes = Vec::with_capacity(2 * records.len());
+        for r in records {
+            changes.push((
+                self.version_key(&r.window, &r.scope, r.version),
+                Some(serde_json::to_vec(r)?),
+            ));
+        }
+        changes.extend(
+            records
+                .iter()
+                .map(|r| self.pointer_change(&r.window, &r.scope, r.version)),
+        );
+        Ok(changes)
+    }
+
+    /// The change that points a list at `version`.
+    pub fn pointer_change(&self, window: &str, scope: &str, version: u64) -> Change {
+        (
+            self.list_key(POINTER, window, scope),
+            Some(version.to_be_bytes().to_vec()),
+        )
+    }
+
+    /// The changes that delete `versions` of a list, and its pointer with `whole`.
+    pub fn deletions(
+        &self,
+        window: &str,
+        scope: &str,
+        versions: &[u64],
+        whole: bool,
+    ) -> Vec<Change> {
+        let mut changes: Vec<Change> = versions
+            .iter()
+            .map(|v| (self.version_key(window, scope, *v), None))
+            .collect();
+        if whole {
+            changes.push((self.list_key(POINTER, window, scope), None));
+        }
+        changes
+    }
+
+    /// Every version and pointer of the metric: what a log started from a store that already
+    /// has lists is seeded with.
+    pub fn all_changes(&self) -> Result<Vec<Change>, Error> {
+        let mut changes = Vec::new();
+        for tag in [VERSION, POINTER] {
+            let mut prefix = vec![tag];
+            push_part(&mut prefix, &self.metric);
+            for item in self.prefixed(&prefix) {
+                let (key, value) = item?;
+                changes.push((key.to_vec(), Some(value.to_vec())));
+            }
+        }
+        Ok(changes)
+    }
+
+    /// The ranking log's offset this store has every change below of, if it follows one.
+    pub fn log_offset(&self) -> Result<Option<i64>, Error> {
+        self.read_i64(&Self::meta_key(LOG_OFFSET_KEY))
+    }
+
+    /// Forgets the log offset: a writer that stops logging does, so that a later log is
+    /// seeded with everything again.
+    pub fn forget_log_offset(&self) -> Result<(), Error> {
+        self.db
+            .delete_opt(Self::meta_key(LOG_OFFSET_KEY), &sync())?;
+        Ok(())
+    }
+
+    /// Applies changes read from the ranking log, with `next_offset` as the log offset, in
+    /// one synced batch. A change that is not a version or pointer of this metric, or whose
+    /// value does not decode, is skipped and counted in the second value returned; the first
+    /// says what the changes did to the lists served.
+    pub fn apply_log(
+        &self,
+        changes: &[Change],
+        next_offset: i64,
+    ) -> Result<(Vec<ListChange>, usize), Error> {
+        let mut batch = WriteBatch::default();
+        let mut served = Vec::new();
+        let mut rejected = 0;
+        for (key, value) in changes {
+            let Some((tag, window, scope, rest)) = self.parse_list_key(key) else {
+                rejected += 1;
+                continue;
+            };
+            let valid = match (tag, value) {
+                (VERSION, Some(bytes)) => {
+                    rest.len() == 8
+                        && serde_json::from_slice::<RankingRecord>(bytes)
+                            .is_ok_and(|r| r.window == window && r.scope == scope)
+                }
+                (VERSION, None) => rest.len() == 8,
+                (POINTER, Some(bytes)) => rest.is_empty() && bytes.len() == 8,
+                (POINTER, None) => rest.is_empty(),
+                _ => false,
+            };
+            if !valid {
+                rejected += 1;
+                continue;
+            }
+            match value {
+                Some(bytes) => batch.put(key, bytes),
+                None => batch.delete(key),
+            }
+            let (window, scope) = (window.to_owned(), scope.to_owned());
+            match (tag, value) {
+                (POINTER, Some(_)) => served.push(ListChange::Pointed { window, scope }),
+                (POINTER, None) => served.push(ListChange::Removed { window, scope }),
+                _ => {}
+            }
+        }
+        batch.put(Self::meta_key(LOG_OFFSET_KEY), next_offset.to_be_bytes());
+        self.db.write_opt(batch, &sync())?;
+        Ok((served, rejected))
+    }
+
+    /// A version or pointer key of this metric: its tag, window, scope and what follows.
+    fn parse_list_key<'k>(&self, key: &'k [u8]) -> Option<(u8, &'k str, &'k str, &'k [u8])> {
+        let (&tag, rest) = key.split_first()?;
+        let (metric, rest) = read_part(rest)?;
+        if metric != self.metric {
+            return None;
+        }
+        let (window, rest) = read_part(rest)?;
+        let (scope, rest) = read_part(rest)?;
+        Some((tag, window, scope, rest))
     }
 
     pub(crate) fn read_i64(&self, key: &[u8]) -> Result<Option<i64>, Error> {
@@ -162,6 +343,7 @@ impl RankingStore {
         Ok(Meta {
             published_ends,
             resume_offset: self.read_i64(&Self::meta_key(RESUME_KEY))?,
+            log_offset: self.log_offset()?,
         })
     }
 
@@ -197,14 +379,8 @@ impl RankingStore {
         let mut prefix = vec![POINTER];
         push_part(&mut prefix, &self.metric);
         let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator(IteratorMode::From(&prefix, Direction::Forward))
-        {
+        for item in self.prefixed(&prefix) {
             let (key, value) = item?;
-            if !key.starts_with(&prefix) {
-                break;
-            }
             let Some((window, rest)) = read_part(&key[prefix.len()..]) else {
                 continue;
             };
@@ -225,14 +401,8 @@ impl RankingStore {
     pub fn versions(&self, window: &str, scope: &str) -> Result<Vec<u64>, Error> {
         let prefix = self.list_key(VERSION, window, scope);
         let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator(IteratorMode::From(&prefix, Direction::Forward))
-        {
+        for item in self.prefixed(&prefix) {
             let (key, _) = item?;
-            if !key.starts_with(&prefix) {
-                break;
-            }
             if let Ok(bytes) = key[prefix.len()..].try_into() {
                 out.push(u64::from_be_bytes(bytes));
             }
@@ -330,30 +500,50 @@ impl RankingStore {
     /// Deletes the versions of one list beyond the newest `keep` and those published before
     /// `older_than_ms`, but never the pointed one nor the newest. Returns how many went.
     pub fn retain(&self, window: &str, scope: &str, policy: Retention) -> Result<usize, Error> {
+        let expired = self.expired(window, scope, policy)?;
+        self.delete_versions(window, scope, &expired)?;
+        Ok(expired.len())
+    }
+
+    /// The versions [`Self::retain`] deletes.
+    pub fn expired(&self, window: &str, scope: &str, policy: Retention) -> Result<Vec<u64>, Error> {
         let versions = self.versions(window, scope)?;
         let pointed = self.pointer(window, scope)?;
         let newest = versions.last().copied();
         let excess = versions.len().saturating_sub(policy.keep);
-        let mut batch = WriteBatch::default();
-        let mut deleted = 0;
+        let mut expired = Vec::new();
         for (i, version) in versions.iter().enumerate() {
             if Some(*version) == pointed || Some(*version) == newest {
                 continue;
             }
-            let expired = i < excess
+            let old = i < excess
                 || self
                     .get(window, scope, *version)?
                     .and_then(|r| parse_rfc3339_ms(&r.as_of))
                     .is_some_and(|at| at < policy.older_than_ms);
-            if expired {
-                batch.delete(self.version_key(window, scope, *version));
-                deleted += 1;
+            if old {
+                expired.push(*version);
             }
         }
-        if deleted > 0 {
-            self.db.write(batch)?;
+        Ok(expired)
+    }
+
+    /// Deletes these versions of one list.
+    pub fn delete_versions(
+        &self,
+        window: &str,
+        scope: &str,
+        versions: &[u64],
+    ) -> Result<(), Error> {
+        if versions.is_empty() {
+            return Ok(());
         }
-        Ok(deleted)
+        let mut batch = WriteBatch::default();
+        for version in versions {
+            batch.delete(self.version_key(window, scope, *version));
+        }
+        self.db.write(batch)?;
+        Ok(())
     }
 }
 

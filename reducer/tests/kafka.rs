@@ -230,6 +230,9 @@ fn reducer_merges_fences_serves_and_recovers() {
         point_counts: None,
         region_output: None,
         regions: None,
+        replica: 0,
+        replicas: 1,
+        max_record_bytes: 1 << 20,
     };
     let producer: ThreadedProducer<DefaultProducerContext> =
         env.kafka_config().create().expect("producer");

@@ -1,6 +1,7 @@
 //! The ranking store on a real RocksDB: readers only ever see pointed versions, a crash
 //! between writing versions and moving pointers leaves them on the old ones, rollback moves a
-//! pointer back, and retention keeps the served and newest versions.
+//! pointer back, retention keeps the served and newest versions, and a replica that applies
+//! the writer's ranking log changes holds what the writer holds and nothing else.
 
 // Test code: a failed unwrap is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -10,7 +11,7 @@ use std::collections::BTreeMap;
 use topk_api::RankingRecord;
 use topk_engine::RankedItem;
 use topk_engine::event::format_rfc3339_ms;
-use topk_reducer::store::{Meta, RankingStore, Retention};
+use topk_reducer::store::{ListChange, Meta, RankingStore, Retention};
 
 fn record(window: &str, scope: &str, version: u64, as_of_ms: i64, leader: &str) -> RankingRecord {
     RankingRecord {
@@ -43,6 +44,7 @@ fn meta(end: i64, resume: i64) -> Meta {
     Meta {
         published_ends: BTreeMap::from([("1h".to_owned(), end)]),
         resume_offset: Some(resume),
+        log_offset: None,
     }
 }
 
@@ -211,6 +213,9 @@ fn an_undecodable_exact_hour_sets_the_store_aside_at_start() {
         point_counts: None,
         region_output: None,
         regions: None,
+        replica: 0,
+        replicas: 1,
+        max_record_bytes: 1 << 20,
     };
     let path = dir.path().join("rankings");
     {
@@ -233,4 +238,76 @@ fn an_undecodable_exact_hour_sets_the_store_aside_at_start() {
         shared.served.all().is_empty(),
         "the rebuilt store starts empty"
     );
+}
+
+/// What the writer appends is what a follower applies: the same versions and pointers, and
+/// deletions as tombstones. Records that are not a version or pointer of the metric's lists
+/// (another metric's, bookkeeping, a value that does not decode) are skipped and counted.
+#[test]
+fn a_follower_applying_the_log_holds_the_writers_lists_and_nothing_else() {
+    let (writer_dir, follower_dir, other_dir) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let writer = RankingStore::open(writer_dir.path(), "plays").unwrap();
+    let follower = RankingStore::open(follower_dir.path(), "plays").unwrap();
+    let other = RankingStore::open(other_dir.path(), "clicks").unwrap();
+    let mut log = Vec::new();
+    for version in 1..=3 {
+        let records = [record("1h", "eu", version, 1_000 * version as i64, "a")];
+        log.extend(writer.publication_changes(&records).unwrap());
+        writer.write_versions(&records).unwrap();
+        writer.point(&records, &Meta::default()).unwrap();
+    }
+    log.extend(writer.deletions("1h", "eu", &[1], false));
+    writer.delete_versions("1h", "eu", &[1]).unwrap();
+    // Another metric's list, a bookkeeping key and a version that is not a record.
+    let mut foreign = other
+        .publication_changes(&[record("1h", "eu", 9, 9, "x")])
+        .unwrap();
+    let mut bogus = writer
+        .publication_changes(&[record("1h", "eu", 7, 7, "y")])
+        .unwrap();
+    bogus[0].1 = Some(b"not json".to_vec());
+    bogus.truncate(1);
+    log.append(&mut foreign);
+    log.append(&mut bogus);
+    log.push((
+        b"mresume-offset".to_vec(),
+        Some(0i64.to_be_bytes().to_vec()),
+    ));
+
+    let (changed, rejected) = follower.apply_log(&log, 42).unwrap();
+    assert_eq!(rejected, 4);
+    assert_eq!(
+        changed.last(),
+        Some(&ListChange::Pointed {
+            window: "1h".into(),
+            scope: "eu".into()
+        })
+    );
+    assert_eq!(follower.versions("1h", "eu").unwrap(), [2, 3]);
+    assert_eq!(
+        follower.versions("1h", "eu").unwrap(),
+        writer.versions("1h", "eu").unwrap()
+    );
+    assert_eq!(follower.latest().unwrap(), writer.latest().unwrap());
+    assert_eq!(follower.log_offset().unwrap(), Some(42));
+    assert_eq!(follower.meta(&["1h".into()]).unwrap().resume_offset, None);
+
+    // A whole list deleted: pointer and versions go, and it is no longer served.
+    let (changed, rejected) = follower
+        .apply_log(&writer.deletions("1h", "eu", &[2, 3], true), 43)
+        .unwrap();
+    assert_eq!(rejected, 0);
+    assert_eq!(
+        changed,
+        [ListChange::Removed {
+            window: "1h".into(),
+            scope: "eu".into()
+        }]
+    );
+    assert!(follower.latest().unwrap().is_empty());
+    assert!(follower.versions("1h", "eu").unwrap().is_empty());
 }

@@ -74,8 +74,12 @@ pub fn dead_letter_headers(length: usize, kept: usize, reason: &str, source: &st
 }
 
 /// Enqueues a record, waiting while the producer's queue is full.
-pub fn send<K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
-    producer: &ThreadedProducer<DeliveryCounter>,
+pub fn send<
+    C: ProducerContext<DeliveryOpaque = ()> + 'static,
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+>(
+    producer: &ThreadedProducer<C>,
     mut record: BaseRecord<'_, K, P>,
 ) -> Result<(), Error> {
     loop {

@@ -77,7 +77,8 @@ fn a_global_metric_renders_its_regions_and_reads_only_its_internal_cluster() {
         names,
         [
             "topk.topk.plays-global.summaries",
-            "topk.topk.plays-global.exact-hours"
+            "topk.topk.plays-global.exact-hours",
+            "topk.topk.plays-global.rankings"
         ]
     );
 }

@@ -243,6 +243,27 @@ impl Stack {
         self.restart_reducer();
     }
 
+    /// Another reducer replica, `ordinal` (above 0), with its own state under `dir`.
+    pub fn replica(&self, ordinal: u32) -> Server {
+        let state = self.dir.join(format!("reducer-{ordinal}"));
+        let ordinal = ordinal.to_string();
+        let mut args = vec![
+            "reducer",
+            "--config",
+            &self.config,
+            "--assignment-file",
+            &self.assignment,
+            "--state-dir",
+            state.to_str().expect("utf-8 path"),
+            "--ordinal",
+            &ordinal,
+        ];
+        if let Some(secrets) = &self.kafka_secrets {
+            args.extend(["--kafka-secrets", secrets]);
+        }
+        spawn(&args)
+    }
+
     /// The reducer's ranking store (a RocksDB directory).
     pub fn reducer_store(&self) -> PathBuf {
         self.dir.join("reducer").join("rankings")

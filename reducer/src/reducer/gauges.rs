@@ -1,8 +1,6 @@
 //! The per-window gauges written at each housekeeping: staleness, missing shards or regions,
 //! watermark lag.
 
-use std::time::Duration;
-
 use topk_runtime::now_ms;
 
 use super::Reducer;
@@ -15,10 +13,7 @@ impl Reducer {
         let metrics = &self.shared.metrics;
         let now = now_ms();
         for (w, window) in self.settings.merge.windows.iter().enumerate() {
-            let threshold = self.settings.stale_after.max(Duration::from_millis(
-                2 * self.settings.bucket_ms[w].max(0) as u64,
-            ));
-            let stale = self.last_published[w].elapsed() > threshold;
+            let stale = self.last_published[w].elapsed() > self.settings.stale_threshold(w);
             if self.shared.served.set_stale(window, stale) {
                 tracing::warn!(window, stale, "window staleness changed");
             }

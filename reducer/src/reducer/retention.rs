@@ -16,8 +16,16 @@ impl Reducer {
             keep: self.settings.keep_versions,
             older_than_ms: now_ms() - self.settings.keep_for.as_millis() as i64,
         };
+        let store = &self.shared.store;
         for (window, scope) in std::mem::take(&mut self.retention_due) {
-            self.shared.store.retain(&window, &scope, policy)?;
+            let expired = store.expired(&window, &scope, policy)?;
+            let delete = |_| store.delete_versions(&window, &scope, &expired);
+            match self.shared.log.get() {
+                Some(log) if !expired.is_empty() => {
+                    log.append_then(&store.deletions(&window, &scope, &expired, false), delete)?
+                }
+                _ => delete(0)?,
+            }
         }
         self.expire_empty_lists(policy.older_than_ms)?;
         // Hour detail is kept for the longest sliding window, plus two hours for grading.
@@ -46,9 +54,22 @@ impl Reducer {
             .filter(|(_, since)| **since < before_ms)
             .map(|(list, _)| list.clone())
             .collect();
+        let store = &self.shared.store;
         for list @ (window, scope) in &due {
             self.empty_lists.remove(list);
-            if self.shared.store.delete_empty_list(window, scope)? {
+            let delete = |_| store.delete_empty_list(window, scope);
+            let deleted = match self.shared.log.get() {
+                Some(log)
+                    if store
+                        .latest_of(window, scope)?
+                        .is_some_and(|r| r.items.is_empty()) =>
+                {
+                    let versions = store.versions(window, scope)?;
+                    log.append_then(&store.deletions(window, scope, &versions, true), delete)?
+                }
+                _ => delete(0)?,
+            };
+            if deleted {
                 self.next_versions.remove(list);
                 self.shared.served.remove(window, scope);
                 self.shared.metrics.lists_expired.inc();
