@@ -43,8 +43,13 @@ struct Events(ThreadedProducer<DefaultProducerContext>);
 
 impl Events {
     fn new(env: &TestEnv) -> Self {
+        Self::on(env.kafka_config())
+    }
+
+    /// A producer to the broker `kafka` names.
+    fn on(mut kafka: rdkafka::ClientConfig) -> Self {
         Self(
-            env.kafka_config()
+            kafka
                 .set("partitioner", "murmur2_random")
                 .create()
                 .expect("producer"),
@@ -502,5 +507,78 @@ fn a_reducer_whose_resume_offset_expired_reads_on_from_the_oldest_retained_summa
     assert!(
         common::metric(&metrics, "topk_reducer_offsets_expired_total").is_some_and(|n| n > 0.0),
         "{metrics}"
+    );
+}
+
+/// An input broker that stops answering (SIGSTOP: its sockets stay open, requests wait) must
+/// not hold the counting thread: consumer lag is measured against the high watermarks the
+/// fetches bring, and the input topic's id is asked by a thread of its own. Before, both were
+/// broker requests on the counting thread every 10 s (1 s per shard, then up to 11 s for the
+/// id), so a hung broker stalled every shard's checkpoints and idle advances in turn.
+#[test]
+fn an_input_broker_that_stops_answering_never_holds_the_counting_thread() {
+    let Some(env) = TestEnv::get("hung input broker") else {
+        return;
+    };
+    let input_kafka = topk_testenv::PrivateKafka::start(&env);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let name = unique_name("plays");
+    let input = unique_name("plays-input");
+    runtime.block_on(async {
+        topk_testenv::create_topic(&input_kafka.config(), &input, SHARDS as i32, &[]).await;
+        create_internal_topics(&env.kafka_config(), NS, &name, SHARDS).await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = spec(&format!(
+        "internalKafka: {{bootstrapServers: \"{}\"}}\n\
+         workers: {{checkpointInterval: 200ms, idleTimeout: 1s}}",
+        env.kafka_bootstrap
+    ));
+    let manifest = metric_manifest(&name, "plays", &input_kafka.bootstrap(), &input, &spec);
+    let config = common::rendered_config(dir.path(), &manifest, NS);
+    let stack = common::Stack::start(dir.path(), &config);
+    let worker = stack.served_worker(0);
+    let _worker1 = stack.worker(1);
+    let events = Events::on(input_kafka.config());
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let produce = |counts: &mut BTreeMap<String, u64>| {
+        events.produce(&input, counts, 500, now_ms(), |i| {
+            format!("song-{}", i % 11)
+        });
+    };
+    produce(&mut counts);
+    await_all_time(
+        &stack.reducer.base,
+        &counts,
+        "the lists before the broker hangs",
+    );
+
+    // Passes of the counting thread's housekeeping slower than a second, so far.
+    let slow_passes = || {
+        let (_, page) = common::get(&format!("{}/metrics", worker.base));
+        let total = common::metric(&page, "topk_worker_housekeeping_seconds_count")?;
+        let quick = common::metric(&page, "topk_worker_housekeeping_seconds_bucket{le=\"1.0\"}")?;
+        Some(total - quick)
+    };
+    let before = slow_passes().expect("the housekeeping histogram");
+    input_kafka.pause();
+    // Three lag and topic-id checks (every 10 s) with the broker hung.
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(32) {
+        let slow = slow_passes().expect("the housekeeping histogram");
+        assert_eq!(
+            slow - before,
+            0.0,
+            "the counting thread was held over a second after {:?} of a hung input broker",
+            watched.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    input_kafka.resume();
+    produce(&mut counts);
+    await_all_time(
+        &stack.reducer.base,
+        &counts,
+        "the lists after the broker is back",
     );
 }

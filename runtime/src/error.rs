@@ -14,4 +14,6 @@ pub enum Error {
     Panicked { what: &'static str, message: String },
     #[error("local store {path}: {reason}")]
     Store { path: String, reason: String },
+    #[error("starting a thread: {0}")]
+    Thread(#[from] std::io::Error),
 }

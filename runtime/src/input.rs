@@ -19,7 +19,9 @@ use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::NonNull;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -191,85 +193,238 @@ impl Drop for InputConsumer {
 }
 
 impl InputConsumer {
-    /// The broker's id of `topic` (Kafka's topic id, base64), which changes when the topic is
-    /// deleted and created again under the same name; `None` for a topic that does not exist
-    /// or a broker that gives no ids. The crate wraps no DescribeTopics call, hence here.
+    /// The broker's id of `topic`: [`describe_topic_id`] with this consumer's client.
     pub fn topic_id(&self, topic: &str, timeout: Duration) -> Result<Option<String>, Error> {
-        let client = self.consumer.client().native_ptr();
-        let name = std::ffi::CString::new(topic)
-            .map_err(|_| Error::Config(format!("topic name {topic:?} holds a NUL byte")))?;
-        let mut names = [name.as_ptr()];
-        let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: `client` is live; the new queue is destroyed by `Queue` after the poll below.
-        let queue = Queue::new(unsafe { rd::rd_kafka_queue_new(client) }, "admin result")?;
-        // SAFETY: `names` holds one live NUL-terminated string, copied by librdkafka; the
-        // collection and the options are destroyed once below, after the request took them.
-        let event = unsafe {
-            let collection = rd::rd_kafka_TopicCollection_of_topic_names(names.as_mut_ptr(), 1);
-            let options = rd::rd_kafka_AdminOptions_new(
-                client,
-                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
-            );
-            if !options.is_null() {
-                rd::rd_kafka_AdminOptions_set_request_timeout(
-                    options,
-                    timeout_ms,
-                    std::ptr::null_mut(),
-                    0,
-                );
-            }
-            rd::rd_kafka_DescribeTopics(client, collection, options, queue.0.as_ptr());
-            rd::rd_kafka_AdminOptions_destroy(options);
-            rd::rd_kafka_TopicCollection_destroy(collection);
-            rd::rd_kafka_queue_poll(queue.0.as_ptr(), timeout_ms.saturating_add(1_000))
+        describe_topic_id(&self.consumer, topic, timeout)
+    }
+
+    /// The high watermark of a partition as the consumer's last fetch response gave it (no
+    /// request to the broker: fetches carry it, empty ones too); `None` before any.
+    pub fn cached_high(&self, topic: &str, partition: i32) -> Option<i64> {
+        let name = std::ffi::CString::new(topic).ok()?;
+        let (mut low, mut high) = (0i64, 0i64);
+        // SAFETY: the client is live, `name` a NUL-terminated string that outlives the call,
+        // and both out-pointers point at locals.
+        let err = unsafe {
+            rd::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                name.as_ptr(),
+                partition,
+                &mut low,
+                &mut high,
+            )
         };
-        let Some(event) = NonNull::new(event) else {
-            return Err(Error::Config(format!("no answer describing topic {topic}")));
-        };
-        // SAFETY: `event` is live until destroyed at the end; the descriptions, their names,
-        // errors and ids live as long as it, and are read before.
-        unsafe {
-            let event = event.as_ptr();
-            let err = rd::rd_kafka_event_error(event);
-            let found = if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-                Err(KafkaError::AdminOp(err.into()).into())
-            } else {
-                let result = rd::rd_kafka_event_DescribeTopics_result(event);
-                let mut count = 0usize;
-                let topics = if result.is_null() {
-                    std::ptr::null_mut()
-                } else {
-                    rd::rd_kafka_DescribeTopics_result_topics(result, &mut count)
-                };
-                let descriptions: &[*const rd::rd_kafka_TopicDescription_t] = if topics.is_null() {
-                    &[]
-                } else {
-                    std::slice::from_raw_parts(topics, count)
-                };
-                let mut id = None;
-                for &description in descriptions {
-                    let error = rd::rd_kafka_TopicDescription_error(description);
-                    let code = if error.is_null() {
-                        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-                    } else {
-                        rd::rd_kafka_error_code(error)
-                    };
-                    if code != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-                        || c_text(rd::rd_kafka_TopicDescription_name(description)) != topic
-                    {
-                        continue;
+        (err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+    }
+}
+
+/// What a thread of its own asks the broker about the input, so that the counting thread
+/// never waits for a slow or hung broker: the topic's id (a DescribeTopics, up to 10 s) every
+/// `id_every`, and the high watermarks of the partitions it is told to watch (up to 1 s each)
+/// every `high_every`. The counting thread reads the newest answers.
+pub struct InputProbe {
+    answers: Arc<Mutex<ProbeAnswers>>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::Thread,
+}
+
+#[derive(Default)]
+struct ProbeAnswers {
+    watched: Vec<i32>,
+    topic_id: Option<String>,
+    /// When the id was asked for.
+    id_asked: Option<Instant>,
+    /// Per watched partition, its high watermark and when it was asked for.
+    highs: std::collections::BTreeMap<i32, (i64, Instant)>,
+}
+
+impl InputProbe {
+    /// Starts asking with `consumer` (its own client, never assigned) about `topic`.
+    pub fn start(
+        consumer: BaseConsumer,
+        topic: String,
+        id_every: Duration,
+        high_every: Duration,
+    ) -> Result<Self, Error> {
+        let answers = Arc::new(Mutex::new(ProbeAnswers::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (shared, stopped) = (answers.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("input-probe".to_owned())
+            .spawn(move || {
+                let mut id_due = Instant::now();
+                while !stopped.load(Ordering::SeqCst) {
+                    if Instant::now() >= id_due {
+                        let asked = Instant::now();
+                        id_due = asked + id_every;
+                        match describe_topic_id(&consumer, &topic, Duration::from_secs(10)) {
+                            Ok(id) => {
+                                let mut answers = lock(&shared);
+                                answers.topic_id = id;
+                                answers.id_asked = Some(asked);
+                            }
+                            Err(err) => tracing::warn!(
+                                %err,
+                                topic,
+                                "cannot read the topic's id; keeping the last one"
+                            ),
+                        }
                     }
-                    let uuid = rd::rd_kafka_TopicDescription_topic_id(description);
-                    if !uuid.is_null() {
-                        id = Some(c_text(rd::rd_kafka_Uuid_base64str(uuid)));
+                    let watched = lock(&shared).watched.clone();
+                    for partition in watched {
+                        let asked = Instant::now();
+                        if let Ok((_, high)) =
+                            consumer.fetch_watermarks(&topic, partition, Duration::from_secs(1))
+                        {
+                            lock(&shared).highs.insert(partition, (high, asked));
+                        }
                     }
+                    std::thread::park_timeout(high_every);
                 }
-                // An all-zero id is a broker without topic ids.
-                Ok(id.filter(|id| !id.is_empty() && id != "AAAAAAAAAAAAAAAAAAAAAA"))
-            };
-            rd::rd_kafka_event_destroy(event);
-            found
+            })?
+            .thread()
+            .clone();
+        Ok(Self {
+            answers,
+            stop,
+            thread,
+        })
+    }
+
+    fn answers(&self) -> MutexGuard<'_, ProbeAnswers> {
+        lock(&self.answers)
+    }
+
+    /// Watches these partitions' high watermarks from now on (asked at once).
+    pub fn watch(&self, partitions: Vec<i32>) {
+        let mut answers = self.answers();
+        answers.highs.retain(|p, _| partitions.contains(p));
+        answers.watched = partitions;
+        drop(answers);
+        self.thread.unpark();
+    }
+
+    /// The id the broker gave to a request made after `since`; `None` before such an answer,
+    /// for a topic that does not exist, or a broker without topic ids.
+    pub fn topic_id_since(&self, since: Instant) -> Option<String> {
+        let answers = self.answers();
+        answers
+            .id_asked
+            .is_some_and(|asked| asked >= since)
+            .then(|| answers.topic_id.clone())
+            .flatten()
+    }
+
+    /// A watched partition's high watermark, if the broker gave it less than `max_age` ago.
+    pub fn high(&self, partition: i32, max_age: Duration) -> Option<i64> {
+        let answers = self.answers();
+        let (high, asked) = answers.highs.get(&partition)?;
+        (asked.elapsed() < max_age).then_some(*high)
+    }
+
+    /// A watched partition's high watermark asked after the topic's id was: an end of the
+    /// topic [`Self::topic_id_since`] names, not of one it replaced.
+    pub fn high_of_topic_id(&self, partition: i32) -> Option<i64> {
+        let answers = self.answers();
+        let (high, asked) = answers.highs.get(&partition)?;
+        (Some(*asked) >= answers.id_asked).then_some(*high)
+    }
+}
+
+fn lock(answers: &Mutex<ProbeAnswers>) -> MutexGuard<'_, ProbeAnswers> {
+    answers.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for InputProbe {
+    /// Stops the thread after its current request, without waiting for it.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+/// The broker's id of `topic` (Kafka's topic id, base64), which changes when the topic is
+/// deleted and created again under the same name; `None` for a topic that does not exist or a
+/// broker that gives no ids. The crate wraps no DescribeTopics call, hence here.
+pub fn describe_topic_id(
+    consumer: &BaseConsumer,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<String>, Error> {
+    let client = consumer.client().native_ptr();
+    let name = std::ffi::CString::new(topic)
+        .map_err(|_| Error::Config(format!("topic name {topic:?} holds a NUL byte")))?;
+    let mut names = [name.as_ptr()];
+    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `client` is live; the new queue is destroyed by `Queue` after the poll below.
+    let queue = Queue::new(unsafe { rd::rd_kafka_queue_new(client) }, "admin result")?;
+    // SAFETY: `names` holds one live NUL-terminated string, copied by librdkafka; the
+    // collection and the options are destroyed once below, after the request took them.
+    let event = unsafe {
+        let collection = rd::rd_kafka_TopicCollection_of_topic_names(names.as_mut_ptr(), 1);
+        let options = rd::rd_kafka_AdminOptions_new(
+            client,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+        );
+        if !options.is_null() {
+            rd::rd_kafka_AdminOptions_set_request_timeout(
+                options,
+                timeout_ms,
+                std::ptr::null_mut(),
+                0,
+            );
         }
+        rd::rd_kafka_DescribeTopics(client, collection, options, queue.0.as_ptr());
+        rd::rd_kafka_AdminOptions_destroy(options);
+        rd::rd_kafka_TopicCollection_destroy(collection);
+        rd::rd_kafka_queue_poll(queue.0.as_ptr(), timeout_ms.saturating_add(1_000))
+    };
+    let Some(event) = NonNull::new(event) else {
+        return Err(Error::Config(format!("no answer describing topic {topic}")));
+    };
+    // SAFETY: `event` is live until destroyed at the end; the descriptions, their names,
+    // errors and ids live as long as it, and are read before.
+    unsafe {
+        let event = event.as_ptr();
+        let err = rd::rd_kafka_event_error(event);
+        let found = if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            Err(KafkaError::AdminOp(err.into()).into())
+        } else {
+            let result = rd::rd_kafka_event_DescribeTopics_result(event);
+            let mut count = 0usize;
+            let topics = if result.is_null() {
+                std::ptr::null_mut()
+            } else {
+                rd::rd_kafka_DescribeTopics_result_topics(result, &mut count)
+            };
+            let descriptions: &[*const rd::rd_kafka_TopicDescription_t] = if topics.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(topics, count)
+            };
+            let mut id = None;
+            for &description in descriptions {
+                let error = rd::rd_kafka_TopicDescription_error(description);
+                let code = if error.is_null() {
+                    rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                } else {
+                    rd::rd_kafka_error_code(error)
+                };
+                if code != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                    || c_text(rd::rd_kafka_TopicDescription_name(description)) != topic
+                {
+                    continue;
+                }
+                let uuid = rd::rd_kafka_TopicDescription_topic_id(description);
+                if !uuid.is_null() {
+                    id = Some(c_text(rd::rd_kafka_Uuid_base64str(uuid)));
+                }
+            }
+            // An all-zero id is a broker without topic ids.
+            Ok(id.filter(|id| !id.is_empty() && id != "AAAAAAAAAAAAAAAAAAAAAA"))
+        };
+        rd::rd_kafka_event_destroy(event);
+        found
     }
 }
 

@@ -103,6 +103,26 @@ impl PrivateKafka {
         config
     }
 
+    /// Stops the broker (SIGSTOP) without closing its sockets: requests to it wait unanswered,
+    /// as they do on a broker that hangs or a network that drops packets.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`Self::pause`]d broker run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("the broker runs");
+        let status = Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {name} the private broker");
+    }
+
     /// Kills the broker at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

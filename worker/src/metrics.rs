@@ -66,6 +66,7 @@ pub struct WorkerMetrics {
     pub watermark_lag_seconds: Family<ShardLabel, Gauge>,
     pub checkpoint_seconds: Histogram,
     pub checkpoint_pause_seconds: Histogram,
+    pub housekeeping_seconds: Histogram,
     pub checkpoint_bytes: Gauge,
     pub checkpoint_failures: Counter,
     pub state_bytes: Gauge,
@@ -101,6 +102,7 @@ impl Default for WorkerMetrics {
             watermark_lag_seconds: Family::default(),
             checkpoint_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             checkpoint_pause_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            housekeeping_seconds: Histogram::new([0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 30.0]),
             checkpoint_bytes: Gauge::default(),
             checkpoint_failures: Counter::default(),
             state_bytes: Gauge::default(),
@@ -224,6 +226,11 @@ impl Default for WorkerMetrics {
             "checkpoint_pause_seconds",
             "Time the counting thread stops for a checkpoint: flushing output and copying the state",
             m.checkpoint_pause_seconds.clone(),
+        );
+        registry.register(
+            "housekeeping_seconds",
+            "Time the counting thread spends between batches (table changes, idle advances, checkpoints), counting nothing",
+            m.housekeeping_seconds.clone(),
         );
         registry.register(
             "checkpoint_failures",

@@ -20,6 +20,7 @@ mod ownership;
 mod position;
 mod sink;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::ThreadedProducer;
 use tokio::sync::{mpsc, watch};
 use topk_api::assignment::AssignmentTable;
@@ -46,7 +47,7 @@ use topk_api::frequency::answer_from;
 use topk_query::BlockingPointCounts;
 use topk_runtime::clients;
 use topk_runtime::control::Report;
-use topk_runtime::input::InputConsumer;
+use topk_runtime::input::{InputConsumer, InputProbe};
 use topk_runtime::now_ms;
 use topk_runtime::output::DeliveryCounter;
 
@@ -120,6 +121,11 @@ pub struct Worker {
     /// Reads shard snapshots from the handoff topic.
     snapshot_reader: BaseConsumer,
     input: InputConsumer,
+    /// The input topic's id and the owned partitions' ends, asked of the broker off the
+    /// counting thread.
+    probe: InputProbe,
+    /// When a shard last resumed with the topic's id read then (see `check_input_topic`).
+    resumed_at: Cell<Instant>,
     delivery: DeliveryCounter,
     /// `None` while a checkpoint is being written: the store is with it (see [`Writing`]).
     store: Option<CheckpointStore>,
@@ -180,6 +186,20 @@ impl Worker {
                 .inc();
         }
         let input = InputConsumer::new(consumer)?;
+        // Partition ends for idle advances: asked often enough to be fresh within the idle
+        // timeout (see `advance_idle_shards`).
+        let ends_every =
+            (settings.idle_timeout / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));
+        let probe = InputProbe::start(
+            clients::input_reader(
+                &settings.kafka.input,
+                &format!("topk-{}-worker-probe", settings.name),
+            )
+            .create()?,
+            settings.input_topic.clone(),
+            input::LAG_CHECK_EVERY,
+            ends_every,
+        )?;
         Ok(Self {
             sink: Sink {
                 settings,
@@ -188,6 +208,8 @@ impl Worker {
             },
             snapshot_reader,
             input,
+            probe,
+            resumed_at: Cell::new(Instant::now()),
             delivery,
             store: Some(store),
             writing: None,
@@ -285,6 +307,11 @@ impl Worker {
             }
             self.advance_idle_shards()?;
             self.checkpoint_on_schedule()?;
+            self.sink
+                .health
+                .metrics
+                .housekeeping_seconds
+                .observe(now.elapsed().as_secs_f64());
         }
         self.sink.health.metrics.events_in.inc_by(read);
         self.checkpoint()?;
@@ -309,21 +336,16 @@ impl Worker {
         let mut moved = false;
         let positions = self.positions();
         for shard in shards {
-            // Idle means no new input, not a slow fetch: only a caught-up shard moves.
-            let high = self
-                .input
-                .consumer()
-                .fetch_watermarks(
-                    &self.sink.settings.input_topic,
-                    shard as i32,
-                    Duration::from_secs(1),
-                )
-                .map(|(_, high)| high);
+            // Idle means no new input, not a slow fetch: only a shard caught up with its
+            // partition's end as the broker gave it within half the idle timeout moves (an
+            // event since then is newer than the floor the advance sets); with no such
+            // answer (a hung broker) nothing moves. The end is asked off this thread.
+            let high = self.probe.high(shard as i32, idle / 2);
             let Some(owned) = self.owned.get_mut(&shard) else {
                 continue;
             };
             owned.last_event = Instant::now();
-            if !high.is_ok_and(|high| read_to(&positions, shard, owned) >= high) {
+            if high.is_none_or(|high| read_to(&positions, shard, owned) < high) {
                 continue;
             }
             let advanced = self.streams.write().get_mut(&shard).is_some_and(|stream| {

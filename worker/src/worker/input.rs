@@ -56,6 +56,8 @@ impl Worker {
             )?;
         }
         self.input.consumer().assign(&tpl)?;
+        self.probe
+            .watch(self.owned.keys().map(|shard| *shard as i32).collect());
         Ok(())
     }
 
@@ -81,6 +83,7 @@ impl Worker {
         counted: Option<&str>,
     ) -> Result<Resumed, Error> {
         let current = self.input_topic_id();
+        self.resumed_at.set(Instant::now());
         let watermarks = self.input.consumer().fetch_watermarks(
             &self.sink.settings.input_topic,
             shard as i32,
@@ -207,15 +210,13 @@ impl Worker {
             .unwrap_or_default()
     }
 
-    /// Consumer lag per shard: a broker round trip per shard, so not on every checkpoint.
+    /// Consumer lag per shard, against the high watermarks the fetches brought (no request
+    /// to the broker: a slow one never holds the counting thread here).
     pub(super) fn measure_lag(&mut self) {
         let positions = self.positions();
+        let topic = &self.sink.settings.input_topic;
         for (shard, owned) in &self.owned {
-            if let Ok((_, high)) = self.input.consumer().fetch_watermarks(
-                &self.sink.settings.input_topic,
-                *shard as i32,
-                Duration::from_secs(1),
-            ) {
+            if let Some(high) = self.input.cached_high(topic, *shard as i32) {
                 let read_to = read_to(&positions, *shard, owned);
                 self.sink
                     .health
@@ -234,8 +235,11 @@ impl Worker {
     /// start unread. Its new id tells: the gap is counted and reported (how many offsets went
     /// unread is not known). Under `onNewTopic: refuse` the shard is held there instead. A
     /// shard whose offset is past the new end is left to the broker's out-of-range answer.
+    /// The id and the partition's end come from [`topk_runtime::input::InputProbe`], so that a
+    /// slow broker never holds the counting thread here.
     pub(super) fn check_input_topic(&mut self) -> Result<(), Error> {
-        let Some(current) = self.input_topic_id() else {
+        // An id asked before the newest resume may be older than what that resume found.
+        let Some(current) = self.probe.topic_id_since(self.resumed_at.get()) else {
             return Ok(());
         };
         let hold = self.sink.settings.on_new_topic == NewTopicPolicy::Refuse;
@@ -245,17 +249,8 @@ impl Worker {
                 continue;
             }
             if let Some(counted) = &owned.input_topic_id {
-                let high = self
-                    .input
-                    .consumer()
-                    .fetch_watermarks(
-                        &self.sink.settings.input_topic,
-                        *shard as i32,
-                        Duration::from_secs(1),
-                    )
-                    .map(|(_, high)| high);
-                match high {
-                    Ok(high) if owned.next_offset <= high => {
+                match self.probe.high_of_topic_id(*shard as i32) {
+                    Some(high) if owned.next_offset <= high => {
                         missed.push((*shard, counted.clone(), owned.next_offset));
                         if hold {
                             // Keeps the id it counted: a restart decides the same.
