@@ -1,4 +1,4 @@
-//! The data plane's pods: containers, probes, mounts, default resources, the Kafka Secrets volume, and the credentials stamp that rolls them.
+//! The data plane's pods: their template, containers, probes, mounts, default resources, the Kafka Secrets volume, and the credentials stamp that rolls them.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{
     SecurityContext, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 pub use topk_api::dataplane::CONFIG_KEY;
 use topk_api::kafka::{KAFKA_SECRETS_DIR, SecretKey};
@@ -272,4 +273,27 @@ pub(super) fn kafka_secrets_volume(keys: &[SecretKey]) -> Option<Volume> {
         }),
         ..Default::default()
     })
+}
+
+/// The template of a data-plane pod: `pod`, labelled as `component`, carrying the rollout hash
+/// of what it reads (so that a change of it rolls the pods).
+pub(super) fn pod_template(
+    metric: &TopKMetric,
+    component: &str,
+    pod: PodSpec,
+    config_hash: String,
+) -> PodTemplateSpec {
+    let mut pod_labels = labels(metric, component);
+    pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: Some(BTreeMap::from([(
+                CONFIG_HASH_ANNOTATION.to_owned(),
+                config_hash,
+            )])),
+            ..Default::default()
+        }),
+        spec: Some(pod),
+    }
 }

@@ -6,7 +6,7 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, ResourceRequirements,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, ResourceRequirements,
     VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -85,8 +85,6 @@ pub(super) fn statefulset(
         storage,
     } = pods;
     let metric = validated.metric;
-    let mut pod_labels = labels(metric, component);
-    pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
     // Workers keep checkpoints, reducers the ranking store: both on a volume per pod.
     let state_claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -121,17 +119,12 @@ pub(super) fn statefulset(
             service_name: Some(name.to_owned()),
             pod_management_policy: Some("Parallel".to_owned()),
             selector: label_selector(metric, component),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    annotations: Some(BTreeMap::from([(
-                        CONFIG_HASH_ANNOTATION.to_owned(),
-                        config_hash,
-                    )])),
-                    ..Default::default()
-                }),
-                spec: Some(pod_spec(names, main, Vec::new(), &secret_keys)),
-            },
+            template: pod_template(
+                metric,
+                component,
+                pod_spec(names, main, Vec::new(), &secret_keys),
+                config_hash,
+            ),
             volume_claim_templates: Some(vec![state_claim]),
             persistent_volume_claim_retention_policy: Some(
                 StatefulSetPersistentVolumeClaimRetentionPolicy {

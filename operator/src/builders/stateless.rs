@@ -1,17 +1,14 @@
 //! Pods without a volume: the combiners and the ingest gateway.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment, StatefulSet,
     StatefulSetSpec,
 };
-use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use topk_api::dataplane::KafkaConfig;
 pub use topk_api::names::Names;
-use topk_api::{Component, TopKMetric, ValidatedMetric};
+use topk_api::{Component, ValidatedMetric};
 
 use crate::error::Error;
 
@@ -30,29 +27,6 @@ pub(super) fn tokenless_pod(
     let mut pod = pod_spec(names, main, Vec::new(), &kafka.secret_keys());
     pod.automount_service_account_token = Some(false);
     pod
-}
-
-/// The template of a stateless data-plane pod: `main` in the data plane's pod, labelled as
-/// `component`, carrying the rollout hash of what it reads.
-pub(super) fn stateless_template(
-    metric: &TopKMetric,
-    component: &str,
-    pod: PodSpec,
-    config_hash: String,
-) -> PodTemplateSpec {
-    let mut pod_labels = labels(metric, component);
-    pod_labels.insert("topk.io/component".to_owned(), component.to_owned());
-    PodTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: Some(pod_labels),
-            annotations: Some(BTreeMap::from([(
-                CONFIG_HASH_ANNOTATION.to_owned(),
-                config_hash,
-            )])),
-            ..Default::default()
-        }),
-        spec: Some(pod),
-    }
 }
 
 /// The combiners when the input is not keyed for topk: a StatefulSet for the ordinals (no
@@ -82,7 +56,7 @@ pub(super) fn combiners(
             // A replacement fences its predecessor's transactions itself: no need to wait.
             pod_management_policy: Some("Parallel".to_owned()),
             selector: label_selector(metric, COMPONENT),
-            template: stateless_template(
+            template: pod_template(
                 metric,
                 COMPONENT,
                 pod,
@@ -136,7 +110,7 @@ pub(super) fn ingest(
                     max_surge: Some(IntOrString::Int(1)),
                 }),
             }),
-            template: stateless_template(
+            template: pod_template(
                 metric,
                 COMPONENT,
                 pod,
