@@ -294,7 +294,7 @@ pub fn parse_deny_lines(text: &str) -> impl Iterator<Item = String> + '_ {
 /// The parts of the config one kind of pod restarts for; see [`DataPlaneConfig::rollout_hash`].
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Rollout<'a> {
+struct RestartInputs<'a> {
     name: &'a str,
     namespace: &'a str,
     engine: &'a EngineConfig,
@@ -544,7 +544,7 @@ impl DataPlaneConfig {
             }),
             ..self.kafka.clone()
         };
-        hash_of(&Rollout {
+        hash_of(&RestartInputs {
             name: &self.name,
             namespace: &self.namespace,
             engine: &self.engine,
@@ -595,7 +595,7 @@ impl DataPlaneConfig {
                 &trimmed
             }
         };
-        hash_of(&Rollout {
+        hash_of(&RestartInputs {
             name: &self.name,
             namespace: &self.namespace,
             engine,

@@ -38,7 +38,7 @@ fn record(spec: &LeaseSpec) -> Record {
 /// has seen that same record unchanged (on its own monotonic clock). A holder's renewals
 /// change the record; a lease is expired when it stayed unchanged for its whole duration,
 /// whatever the clocks of the replicas say. A released lease (no holder) is free at once.
-pub fn decide(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration) -> Decision {
+pub fn next_step(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration) -> Decision {
     let Some(spec) = spec else {
         return Decision::Create;
     };
@@ -114,7 +114,7 @@ impl LeaderElector {
         let now = Timestamp::now();
         let current = self.api.get_opt(&self.name).await?;
         let spec = current.as_ref().and_then(|l| l.spec.as_ref());
-        let decision = decide(spec, &self.identity, self.unchanged_for(spec));
+        let decision = next_step(spec, &self.identity, self.unchanged_for(spec));
         let transitions = spec.and_then(|s| s.lease_transitions).unwrap_or(0);
         let acquired = spec
             .and_then(|s| s.acquire_time.clone())
@@ -208,22 +208,22 @@ mod tests {
         // A holder whose clock runs an hour ahead, or a day behind, of ours.
         let ahead = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(1);
         let behind = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(24);
-        assert_eq!(decide(None, "a", secs(0)), Decision::Create);
+        assert_eq!(next_step(None, "a", secs(0)), Decision::Create);
         for renewed in [ahead, behind] {
             let held = spec(Some("b"), renewed, 15);
-            assert_eq!(decide(Some(&held), "a", secs(0)), Decision::Follow);
-            assert_eq!(decide(Some(&held), "a", secs(14)), Decision::Follow);
-            assert_eq!(decide(Some(&held), "a", secs(15)), Decision::TakeOver);
+            assert_eq!(next_step(Some(&held), "a", secs(0)), Decision::Follow);
+            assert_eq!(next_step(Some(&held), "a", secs(14)), Decision::Follow);
+            assert_eq!(next_step(Some(&held), "a", secs(15)), Decision::TakeOver);
             let ours = spec(Some("a"), renewed, 15);
-            assert_eq!(decide(Some(&ours), "a", secs(60)), Decision::Renew);
+            assert_eq!(next_step(Some(&ours), "a", secs(60)), Decision::Renew);
             // Released: free at once.
             for holder in [None, Some("")] {
                 let released = spec(holder, renewed, 15);
-                assert_eq!(decide(Some(&released), "a", secs(0)), Decision::TakeOver);
+                assert_eq!(next_step(Some(&released), "a", secs(0)), Decision::TakeOver);
             }
         }
         assert_eq!(
-            decide(Some(&LeaseSpec::default()), "a", secs(0)),
+            next_step(Some(&LeaseSpec::default()), "a", secs(0)),
             Decision::TakeOver
         );
     }

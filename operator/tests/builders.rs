@@ -6,13 +6,13 @@
 use topk_api::assignment::planner::plan;
 use topk_api::{CONFIG_KEY, DataPlaneConfig, TopKMetric, ValidatedMetric, load_manifest};
 use topk_operator::builders::{
-    CONFIG_HASH_ANNOTATION, Desired, PodTemplated, Rollout, Settings, Workers, recount_job,
+    CONFIG_HASH_ANNOTATION, Desired, PodTemplated, RescaleStep, Settings, Workers, recount_job,
 };
 
 /// The objects of `metric`, validated as a reconcile does first.
 fn desired(
     metric: &TopKMetric,
-    rollout: Option<&Rollout>,
+    rollout: Option<&RescaleStep>,
     settings: &Settings,
 ) -> Result<Desired, topk_operator::error::Error> {
     let validated = ValidatedMetric::of(metric)?;
@@ -47,7 +47,7 @@ fn hash_of(metric: &TopKMetric) -> (String, String) {
     let table = plan(metric.spec.shards(), None, 3);
     let d = desired(
         metric,
-        Some(&Rollout::settled(metric, table)),
+        Some(&RescaleStep::settled(metric, table)),
         &Settings::default(),
     )
     .expect("desired");
@@ -60,7 +60,7 @@ fn every_object_is_owned_labelled_and_named_after_the_metric() {
     let table = plan(8, None, 3);
     let d = desired(
         &metric,
-        Some(&Rollout::settled(&metric, table.clone())),
+        Some(&RescaleStep::settled(&metric, table.clone())),
         &Settings::default(),
     )
     .expect("desired");
@@ -143,7 +143,7 @@ fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
     workers.checkpoint_interval = Some(topk_api::Duration::from_millis(1_500));
     let d = desired(
         &metric,
-        Some(&Rollout::settled(&metric, plan(8, None, 3))),
+        Some(&RescaleStep::settled(&metric, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
@@ -166,7 +166,7 @@ fn worker_timing_reaches_the_rendered_config_and_rolls_the_workers_only() {
     );
     let before = desired(
         &base,
-        Some(&Rollout::settled(&base, plan(8, None, 3))),
+        Some(&RescaleStep::settled(&base, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
@@ -199,7 +199,7 @@ fn the_deny_list_is_rendered_and_its_configmap_readable_without_a_restart() {
     });
     let d = desired(
         &denied,
-        Some(&Rollout::settled(&denied, plan(8, None, 3))),
+        Some(&RescaleStep::settled(&denied, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
@@ -313,7 +313,7 @@ fn recount_jobs_mount_the_config_that_carries_the_metrics_recount_settings() {
     });
     let d = desired(
         &metric,
-        Some(&Rollout::settled(&metric, plan(8, None, 3))),
+        Some(&RescaleStep::settled(&metric, plan(8, None, 3))),
         &Settings::default(),
     )
     .expect("desired");
@@ -341,7 +341,7 @@ fn pods_are_sized_stored_and_confined_as_the_spec_says() {
     let build = |metric: &TopKMetric| {
         desired(
             metric,
-            Some(&Rollout::settled(
+            Some(&RescaleStep::settled(
                 metric,
                 plan(metric.spec.shards(), None, 3),
             )),
@@ -496,7 +496,7 @@ fn rotated_kafka_secrets_roll_the_pods_and_an_unread_secret_rolls_nothing() {
     let table = plan(metric.spec.shards(), None, 3);
     let d = desired(
         &metric,
-        Some(&Rollout::settled(&metric, table)),
+        Some(&RescaleStep::settled(&metric, table)),
         &Settings::default(),
     )
     .expect("desired");
@@ -557,7 +557,7 @@ fn the_ingest_gateway_is_built_only_when_asked_for_with_input_credentials_and_no
     let build = |metric: &TopKMetric| {
         desired(
             metric,
-            Some(&Rollout::settled(metric, plan(8, None, 3))),
+            Some(&RescaleStep::settled(metric, plan(8, None, 3))),
             &Settings::default(),
         )
         .expect("desired")
@@ -662,7 +662,7 @@ fn combiners_run_only_for_an_input_not_keyed_for_topk_without_volumes_or_api_tok
     let build = |metric: &TopKMetric| {
         desired(
             metric,
-            Some(&Rollout::settled(metric, plan(8, None, 3))),
+            Some(&RescaleStep::settled(metric, plan(8, None, 3))),
             &Settings::default(),
         )
         .expect("desired")
@@ -744,7 +744,7 @@ fn a_regional_metric_rolls_and_mounts_the_global_clusters_secret_for_its_reducer
     assert_ne!(before.1, after.1, "reducers restart");
     let d = desired(
         &metric,
-        Some(&Rollout::settled(
+        Some(&RescaleStep::settled(
             &metric,
             plan(metric.spec.shards(), None, 3),
         )),

@@ -16,7 +16,7 @@ pub fn rendered_config(dir: &Path, manifest: &str, ns: &str) -> PathBuf {
     metric.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_owned());
     let rollout = (!metric.spec.is_global()).then(|| {
         let table = topk_api::assignment::planner::plan(metric.spec.shards(), None, 1);
-        topk_operator::builders::Rollout::settled(&metric, table)
+        topk_operator::builders::RescaleStep::settled(&metric, table)
     });
     let validated = topk_api::ValidatedMetric::of(&metric).expect("a valid metric");
     let desired =

@@ -18,7 +18,7 @@ use super::*;
 /// none).
 pub fn desired(
     validated: &ValidatedMetric<'_>,
-    rollout: Option<&Rollout>,
+    rollout: Option<&RescaleStep>,
     settings: &Settings,
 ) -> Result<Desired, Error> {
     let metric = validated.metric;
@@ -111,7 +111,7 @@ pub fn desired(
 pub(super) fn workers(
     validated: &ValidatedMetric<'_>,
     names: &Names,
-    rollout: &Rollout,
+    rollout: &RescaleStep,
     settings: &Settings,
 ) -> Result<Workers, Error> {
     let metric = validated.metric;

@@ -139,7 +139,7 @@ pub struct Ingest {
 /// What the current rescale step decided, which the objects are built from: the worker
 /// StatefulSet's replicas and the assignment table to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rollout {
+pub struct RescaleStep {
     pub worker_replicas: u32,
     pub table: AssignmentTable,
     /// When the table last changed (RFC 3339), kept on the assignment ConfigMap: the drain
@@ -150,7 +150,7 @@ pub struct Rollout {
     pub replaces: Option<String>,
 }
 
-impl Rollout {
+impl RescaleStep {
     /// A settled rollout of `table` with the spec's worker count (no rescale in progress).
     pub fn settled(metric: &TopKMetric, table: AssignmentTable) -> Self {
         Self {

@@ -4,16 +4,16 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use topk_api::assignment::{ASSIGNMENT_KEY, AssignmentTable, planner};
 
-use crate::builders::{Rollout, Settings, TABLE_CHANGED_AT};
+use crate::builders::{RescaleStep, Settings, TABLE_CHANGED_AT};
 use crate::error::Error;
 
 use crate::rollout::{self, Observed};
 
-/// Everything one reconcile reads, gathered before anything is decided.
 use super::*;
 
-pub(super) struct RescaleStep {
-    pub(super) rollout: Rollout,
+/// What the rescale step decided: the objects' inputs and where the step stands.
+pub(super) struct Rescale {
+    pub(super) rollout: RescaleStep,
     pub(super) step: rollout::Step,
     /// Shards the new table moves to another worker, when the table changes.
     pub(super) shard_moves: Option<u64>,
@@ -28,7 +28,7 @@ pub(super) fn rescale_step(
     o: &Observation,
     settings: &Settings,
     notes: &mut Vec<Note>,
-) -> Result<RescaleStep, Error> {
+) -> Result<Rescale, Error> {
     let metric = &o.metric;
     let at = &o.now;
     let shards = metric.spec.shards();
@@ -78,7 +78,7 @@ pub(super) fn rescale_step(
     let mut shard_moves = None;
     // A replaced table is written whatever the step makes of the new one.
     let table_changed = invalid_table.is_some() || table.as_ref() != Some(&step.table);
-    let rollout = Rollout {
+    let rollout = RescaleStep {
         worker_replicas: step.statefulset_replicas,
         table: step.table.clone(),
         table_changed_at: if table_changed {
@@ -123,7 +123,7 @@ pub(super) fn rescale_step(
             ),
         ));
     }
-    Ok(RescaleStep {
+    Ok(Rescale {
         rollout,
         step,
         shard_moves,
