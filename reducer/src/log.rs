@@ -356,12 +356,16 @@ impl Follower {
 pub fn start_writer(settings: &ReducerSettings, shared: &Shared) -> Result<(), Error> {
     let writer = LogWriter::new(settings)?;
     let store = &shared.store;
-    let stored = store.all_changes()?;
-    let logged = store.log_offset()?;
     // A store that logged before reads on from there; an empty one (a new or lost volume) is
-    // rebuilt from the whole log.
-    if logged.is_some() || stored.is_empty() {
-        let from = logged.unwrap_or(0);
+    // rebuilt from the whole log. Only a store that never logged is read whole, to seed it.
+    let (from, seed) = match store.log_offset()? {
+        Some(from) => (Some(from), Vec::new()),
+        None => {
+            let stored = store.all_changes()?;
+            (stored.is_empty().then_some(0), stored)
+        }
+    };
+    if let Some(from) = from {
         let mut reader = LogReader::new(settings, from)?;
         let lists = reader.catch_up(shared, &AtomicBool::new(false))?;
         tracing::info!(
@@ -373,11 +377,11 @@ pub fn start_writer(settings: &ReducerSettings, shared: &Shared) -> Result<(), E
     } else {
         // Whatever the log holds from before is older than this store: it is followed by the
         // store's every version and pointer, and the log is read from here on.
-        writer.append_then(&stored, |_| {
+        writer.append_then(&seed, |_| {
             let end = writer.end()?;
             store.apply_log(&[], end)
         })?;
-        tracing::info!(changes = stored.len(), "ranking log seeded with the store");
+        tracing::info!(changes = seed.len(), "ranking log seeded with the store");
     }
     if shared.log.set(writer).is_err() {
         return Err(Error::Config(
